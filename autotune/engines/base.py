@@ -1,0 +1,254 @@
+"""The engine adapter contract: one subclass per serving-engine dialect (vllm.py, sglang.py).
+
+An adapter knows one dialect and nothing else. It
+
+* builds the launch argv + env from a flag dict, with the real spellings of the *installed*
+  engine version, discovered from the engine's own ``--help`` (cached per launch command);
+* maps portable knobs (``memory_fraction``, ``max_running``, ``batched_tokens``,
+  ``context_len``, ``cuda_graph_max_bs``) to that dialect's flags;
+* refuses unknown flags before any launch, naming the closest valid spelling;
+* says where readiness is polled, turns log lines into :class:`LogEvent` s, turns a failed start
+  into an :class:`~autotune.outcomes.Outcome`, and reads ``/metrics`` deltas into engine facts.
+
+Adapters never import the engine: it runs under its own Python (``EngineSettings.python``) or
+an explicit launch command (``EngineSettings.command``). Adapters never start processes either
+(except the short ``--help`` probe); the runtime supervisor does that.
+
+Flag dicts use canonical long names with dashes: ``{"--max-num-seqs": 64, "--enforce-eager": True}``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from autotune.config import EngineSettings
+from autotune.errors import InvalidFlags
+from autotune.outcomes import Outcome
+
+__all__ = [
+    "EngineAdapter",
+    "EventKind",
+    "FlagSet",
+    "LaunchSpec",
+    "LogEvent",
+    "canonical_flag",
+]
+
+
+class EventKind(StrEnum):
+    """What a log line told us. ``data`` on the event carries the parsed numbers."""
+
+    VERSION = "version"  # data: version
+    NON_DEFAULT_ARGS = "non_default_args"  # data: args (dict as logged)
+    KV_CAPACITY = "kv_capacity"  # data: kv_tokens, max_concurrency?, context_len?, headroom_gib?
+    GRAPH_CAPTURE = "graph_capture"  # data: seconds?, gib?
+    READY = "ready"
+    OOM_STARTUP = "oom_startup"
+    KV_INSUFFICIENT = "kv_insufficient"  # data: max_len_estimate? (when the engine quotes one)
+    OOM_RUNTIME = "oom_runtime"
+    INVALID_ARGS = "invalid_args"  # argparse / pydantic validation errors
+    PORT_IN_USE = "port_in_use"
+    FATAL = "fatal"  # the engine said it is dead (runtime engine-core death etc.)
+    PREEMPTION = "preemption"  # vLLM never logs these; SGLang retraction warnings land here
+    DECODE_BATCH = "decode_batch"  # SGLang periodic line: running, token_usage, cuda_graph, queue
+
+
+# Events that end the wait for readiness at once: the engine will not become ready.
+STARTUP_FATAL = frozenset(
+    {
+        EventKind.OOM_STARTUP,
+        EventKind.KV_INSUFFICIENT,
+        EventKind.INVALID_ARGS,
+        EventKind.PORT_IN_USE,
+        EventKind.FATAL,
+    }
+)
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    kind: EventKind
+    line: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one engine and to reproduce it in a script."""
+
+    argv: list[str]
+    env: dict[str, str]  # only what autotune adds on top of the user's environment
+    host: str
+    port: int
+    ready_path: str  # polled until 200
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class FlagSet:
+    """The long options the installed engine accepts (from its --help)."""
+
+    flags: frozenset[str]
+    version: str | None = None
+
+    def __contains__(self, flag: object) -> bool:
+        return flag in self.flags
+
+    def closest(self, flag: str) -> str | None:
+        match = difflib.get_close_matches(flag, sorted(self.flags), n=1, cutoff=0.6)
+        return match[0] if match else None
+
+
+def canonical_flag(name: str) -> str:
+    """``max_num_seqs`` / ``--max_num_seqs`` / ``--max-num-seqs`` → ``--max-num-seqs``."""
+    bare = name.lstrip("-").replace("_", "-")
+    return f"--{bare}"
+
+
+_LONG_OPTION = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)")
+
+
+def parse_help_flags(help_text: str) -> frozenset[str]:
+    """Every ``--long-option`` an argparse help text declares (``--x`` / ``--no-x`` both kept)."""
+    found: set[str] = set()
+    for line in help_text.splitlines():
+        stripped = line.lstrip()
+        # Option declarations start the line (after indentation); prose mentioning flags does not.
+        if stripped.startswith("-"):
+            found.update(_LONG_OPTION.findall(stripped.split("  ")[0]))
+    return frozenset(found)
+
+
+class EngineAdapter(ABC):
+    """Base of every dialect. Subclasses set the class attributes and the abstract methods."""
+
+    name: ClassVar[str]
+    default_module: ClassVar[str]  # run as `<python> -m <module>` when no command is configured
+    #: portable knob → this dialect's flag (a knob missing here is not tunable on this engine)
+    knobs: ClassVar[Mapping[str, str]]
+    #: flags whose bool value renders as `--flag` / `--no-flag` (argparse BooleanOptionalAction)
+    help_args: ClassVar[tuple[str, ...]] = ("--help",)
+
+    def __init__(self, settings: EngineSettings):
+        self.settings = settings
+        self._flagset: FlagSet | None = None
+
+    # ------------------------------------------------------------------------- launch command
+    def launch_prefix(self) -> list[str]:
+        """The command before the flags: the configured command, or `<python> -m <module>`."""
+        if self.settings.command:
+            return list(self.settings.command)
+        python = self.settings.python or "python3"
+        return [python, "-m", self.default_module]
+
+    def discover_flags(self, timeout_s: float = 120.0) -> FlagSet:
+        """Run the installed engine's --help once and cache the long options it declares."""
+        if self._flagset is None:
+            argv = [*self.launch_prefix(), *self.help_args]
+            env = {**os.environ, **self.settings.env}
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+            except FileNotFoundError:
+                raise InvalidFlags(
+                    f"engine command not found: {argv[0]!r}; set engine.python or engine.command"
+                ) from None
+            except subprocess.TimeoutExpired:
+                raise InvalidFlags(f"`{' '.join(argv)}` did not answer within {timeout_s:.0f}s") from None
+            flags = parse_help_flags(proc.stdout)
+            if proc.returncode != 0 or not flags:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+                raise InvalidFlags(
+                    f"`{' '.join(argv)}` failed (exit {proc.returncode}): {tail[0][:200]}; "
+                    "check engine.python / engine.command"
+                )
+            self._flagset = FlagSet(flags=flags, version=self.version_from_help(proc.stdout))
+        return self._flagset
+
+    def version_from_help(self, help_text: str) -> str | None:
+        """Engines rarely print their version in --help; subclasses may find it elsewhere."""
+        return None
+
+    # --------------------------------------------------------------------------------- flags
+    def to_flags(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Portable knobs and raw flag names → canonical dialect flags. A knob this dialect has
+        no flag for is a ConfigError-grade problem and raises InvalidFlags."""
+        out: dict[str, Any] = {}
+        for key, value in params.items():
+            if key in self.knobs:
+                out[self.knobs[key]] = value
+            elif key.startswith("-") or "_" in key or "-" in key:
+                out[canonical_flag(key)] = value
+            else:
+                raise InvalidFlags(
+                    f"knob {key!r} has no {self.name} flag; portable knobs: {', '.join(sorted(self.knobs))}"
+                )
+        return out
+
+    def validate_flags(self, flags: Iterable[str]) -> None:
+        """Raise InvalidFlags (before any launch) for a flag the installed engine does not have."""
+        known = self.discover_flags()
+        for flag in flags:
+            if flag not in known:
+                hint = known.closest(flag)
+                fix = f"did you mean {hint}?" if hint else f"see `{' '.join(self.launch_prefix())} --help`"
+                raise InvalidFlags(f"{self.name} does not accept {flag}: {fix}")
+
+    def render_flags(self, flags: Mapping[str, Any]) -> list[str]:
+        """Flag dict → argv tokens. Booleans: True → `--x`; False → `--no-x` where the engine has
+        it, else omitted. Lists → one token per item (nargs=+). Dicts → JSON."""
+        import json
+
+        argv: list[str] = []
+        known = self._flagset
+        for flag, value in flags.items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                if value:
+                    argv.append(flag)
+                else:
+                    negated = "--no-" + flag[2:]
+                    if known is None or negated in known:
+                        argv.append(negated)
+                continue
+            argv.append(flag)
+            if isinstance(value, (list, tuple)):
+                argv.extend(str(v) for v in value)
+            elif isinstance(value, dict):
+                argv.append(json.dumps(value, separators=(",", ":")))
+            else:
+                argv.append(str(value))
+        return argv
+
+    @abstractmethod
+    def build_launch(self, flags: Mapping[str, Any], port: int) -> LaunchSpec:
+        """The full launch for these (already canonical, validated) flags on this port."""
+
+    # ------------------------------------------------------------------------ observing
+    @abstractmethod
+    def parse_log_line(self, line: str) -> LogEvent | None:
+        """Turn one engine log line into an event, or None when it says nothing we use."""
+
+    @abstractmethod
+    def classify_failure(self, returncode: int | None, events: list[LogEvent]) -> Outcome:
+        """Outcome of a launch that never became ready (exit code and the events seen)."""
+
+    @abstractmethod
+    def engine_facts(
+        self, events: list[LogEvent], before: Mapping[str, float], after: Mapping[str, float]
+    ) -> dict[str, Any]:
+        """Facts about a served trial: KV tokens, max concurrency, preemptions, KV usage peak ...
+
+        ``before``/``after`` are flat ``/metrics`` samples (name{labels} → value) around the run.
+        """

@@ -1,0 +1,37 @@
+"""The trial-outcome taxonomy shared by every part of autotune (see DESIGN.md).
+
+A trial ends in exactly one outcome. Only ``ok`` and ``slo_violation`` carry measurements the
+sampler may rank; every other outcome is an infeasible or failed point and must never look good
+to the optimiser.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["Outcome"]
+
+
+class Outcome(StrEnum):
+    OK = "ok"
+    SLO_VIOLATION = "slo_violation"
+    OOM_STARTUP = "oom_startup"
+    KV_INSUFFICIENT = "kv_insufficient"
+    OOM_RUNTIME = "oom_runtime"
+    INVALID_FLAGS = "invalid_flags"
+    STARTUP_TIMEOUT = "startup_timeout"
+    CRASH = "crash"
+
+    @property
+    def served(self) -> bool:
+        """True when the engine served the workload, so the trial has real measurements."""
+        return self in (Outcome.OK, Outcome.SLO_VIOLATION)
+
+    @property
+    def retryable(self) -> bool:
+        """Infrastructure-looking failures are retried once; flag-caused ones never are."""
+        return self in (Outcome.STARTUP_TIMEOUT, Outcome.CRASH)
+
+    @property
+    def memory_related(self) -> bool:
+        return self in (Outcome.OOM_STARTUP, Outcome.KV_INSUFFICIENT, Outcome.OOM_RUNTIME)
