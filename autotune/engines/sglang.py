@@ -1,0 +1,750 @@
+"""The SGLang dialect: flags, version drift, readiness, log events and engine facts.
+
+SGLang is launched as ``<python> -m sglang.launch_server`` (or the configured command). Facts
+this module relies on (read from SGLang's source; see the project's SGLang reference notes):
+
+* Flags change between versions. 0.5.23 removed ``--cuda-graph-max-bs`` (passing it is now an
+  *ambiguous option*, exit 2) in favour of ``--cuda-graph-max-bs-decode``, and deprecated
+  ``--disable-cuda-graph`` and ``--enable-dp-attention``. The installed version is recognised from
+  its own ``--help``: a flag set that lists ``--cuda-graph-max-bs-decode`` has the new spellings.
+* argparse runs with ``allow_abbrev``, so users copy commands with prefixes such as ``--tp 8``;
+  a unique prefix is expanded to the full flag so trial records and exports are unambiguous.
+* The port refuses connections until weights, KV pool and CUDA graphs are ready; ``/health`` is
+  503 until the warm-up request succeeds and then runs a real one-token generation per call;
+  ``/v1/models`` answers before warm-up, so it is never used for readiness. ``/ready`` is the
+  cheap readiness probe on the new flag set.
+* A scheduler failure makes the parent SIGKILL its own process tree, so a failed start usually
+  ends with return code -9: a failure of the engine, not a user interrupt.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import re
+import statistics
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import httpx
+
+from autotune.config import EngineSettings
+from autotune.engines.base import EngineAdapter, EventKind, FlagSet, LaunchSpec, LogEvent
+from autotune.errors import EngineError, InvalidFlags
+from autotune.outcomes import Outcome
+
+__all__ = [
+    "FLAG_CHANGES",
+    "FlagChange",
+    "SglangAdapter",
+    "has_new_flag_set",
+    "resolved_knobs",
+]
+
+log = logging.getLogger(__name__)
+
+# A flag only the new (0.5.23+) flag set has; its presence in --help identifies that flag set.
+NEW_FLAG_SET_MARKER = "--cuda-graph-max-bs-decode"
+TOO_HIGH, TOO_LOW = "too_high", "too_low"
+
+
+# ------------------------------------------------------------------------------- version drift
+@dataclass(frozen=True)
+class FlagChange:
+    """One SGLang flag that was renamed, removed or deprecated.
+
+    Attributes:
+        old: The old spelling.
+        new: The flag that replaces it (present in ``--help`` exactly when the change applies).
+        since: The SGLang version that made the change.
+        removed: True when the old spelling now fails (exit 2); False when it still works
+            but is deprecated (a warning, not an error).
+        advice: How to write the replacement, when it is more than the new flag itself.
+        knob: The portable knob that spells the right flag on every version, if there is one.
+    """
+
+    old: str
+    new: str
+    since: str
+    removed: bool
+    advice: str = ""
+    knob: str | None = None
+
+
+FLAG_CHANGES: tuple[FlagChange, ...] = (
+    FlagChange("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "0.5.23", True, knob="cuda_graph_max_bs"),
+    FlagChange("--cuda-graph-bs", "--cuda-graph-bs-decode", "0.5.23", True),
+    FlagChange(
+        "--disable-cuda-graph",
+        "--cuda-graph-backend-decode",
+        "0.5.23",
+        False,
+        advice="--cuda-graph-backend-decode disabled and --cuda-graph-backend-prefill disabled",
+    ),
+    FlagChange(
+        "--enable-dp-attention",
+        "--attn-dp-size",
+        "0.5.23",
+        False,
+        advice="--attn-dp-size N in place of --dp-size N --enable-dp-attention",
+    ),
+)
+
+
+def has_new_flag_set(known: FlagSet) -> bool:
+    """True when the installed SGLang has the 0.5.23+ flag spellings."""
+    return NEW_FLAG_SET_MARKER in known
+
+
+def _drift_problem(flag: str, known: FlagSet) -> str | None:
+    """The one-line reason a flag is the wrong spelling for the installed version, if it is."""
+    for change in FLAG_CHANGES:
+        if not change.removed:
+            continue
+        use = f"use the portable knob {change.knob}" if change.knob else f"write {change.advice or change.new}"
+        if flag == change.old and flag not in known and change.new in known:
+            return f"`{change.old}` was renamed to `{change.new}` in SGLang {change.since}; {use}"
+        if flag == change.new and flag not in known and change.old in known:
+            return (
+                f"`{change.new}` only exists from SGLang {change.since}; the installed SGLang spells it "
+                f"`{change.old}`; " + (use if change.knob else f"write {change.old}")
+            )
+    return None
+
+
+def _deprecation(flag: str, known: FlagSet) -> FlagChange | None:
+    for change in FLAG_CHANGES:
+        if not change.removed and flag == change.old and change.new in known:
+            return change
+    return None
+
+
+# ----------------------------------------------------------------------------------- log lines
+_NUM = r"(-?\d+(?:\.\d+)?)"
+_SERVER_ARGS = re.compile(r"server_args=(.+)$")
+_KV_ALLOCATED = re.compile(r"KV Cache is (?:allocated|VA upper bound)\.")
+_KV_TOKENS = re.compile(r"#tokens: (\d+)")
+_KV_SIZES = re.compile(r"\b(K|V|KV) size: ([\d.]+) GB")
+_KV_DTYPE = re.compile(r"dtype: ([\w.]+)")
+_KV_SUMMARY = re.compile(r"\bmax_total_num_tokens=\d+")
+_KEY_VALUE = re.compile(r"\b(\w+)=" + _NUM)
+_KV_BELOW_CONTEXT = re.compile(r"KV pool holds (\d+) tokens, fewer than --context-length (\d+)")
+_CAPTURE = re.compile(
+    r"Capture (?:(?P<model>target|draft) )?(?:(?P<stage>prefill|decode|verify) )?cuda graph (?P<phase>begin|end)",
+    re.IGNORECASE,
+)
+_CAPTURE_FAILED = re.compile(r"Capture cuda graph failed", re.IGNORECASE)
+_PREFILL_GRAPH_FAILED = re.compile(r"Fail when using backend: (\w+) for prefill runner")
+_ELAPSED = re.compile(r"(?:elapsed=|Time elapsed: )([\d.]+) ?s")
+_MEM_USAGE = re.compile(r"mem usage=([\d.]+) GB")
+_AVAIL_MEM = re.compile(r"avail mem=([\d.]+) GB")
+_CAPTURED_BS = re.compile(r"\bbs=\[([\d, ]*)\]")
+_READY = re.compile(r"The server is fired up and ready to roll")
+_DECODE = re.compile(r"Decode batch[.,]")
+_RUNNING = re.compile(r"#running-req: (\d+)")
+_USED_TOKENS = re.compile(r"#(?:full )?token: (\d+)")
+_TOKEN_USAGE = re.compile(r"token usage: ([\d.]+)")
+_CUDA_GRAPH = re.compile(r"cuda graph: (True|False)")
+_GEN_THROUGHPUT = re.compile(r"gen throughput \(token/s\): ([\d.]+)")
+_QUEUE = re.compile(r"#queue-req: (\d+)")
+_ACCEPT_LEN = re.compile(r"accept len: ([\d.]+)")
+_RETRACT = re.compile(r"KV cache pool is full\. Retract requests\.")
+_RETRACTED = re.compile(r"#retracted_reqs: (\d+)")
+_TOKENS_GAINED = re.compile(r"#new_tokens_gained: (\d+)")
+_RATIO = re.compile(r"#new_token_ratio: ([\d.]+) -> ([\d.]+)")
+_ABORTED = re.compile(r"retract_decode: aborted (?:last )?request (\S+?):?(?:\s|$)")
+_WEIGHTS_LEAVE_NO_KV = re.compile(
+    r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=([\d.]+)"
+)
+_RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above ([\d.]+)")
+_NOT_ENOUGH = re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static")
+_CURRENT_FRACTION = re.compile(r"mem_fraction_static=([\d.]+)")
+_STATE_CACHE_SMALL = re.compile(r"state cache is too small to serve any requests")
+_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")
+_ARGPARSE = re.compile(
+    r": error: (?P<msg>(?:unrecognized arguments|ambiguous option|argument |the following arguments"
+    r"|invalid choice).*)$"
+)
+_AMBIGUOUS = re.compile(r"ambiguous option: (--[\w-]+)(?:=\S*)? could match (.+)$")
+_PORT_IN_USE = re.compile(r"address already in use|port \d+ is (?:already )?in use", re.IGNORECASE)
+_CHILD_FAILED = re.compile(r"Received sigquit from a child process|SIGQUIT received", re.IGNORECASE)
+_DIED_AT_INIT = re.compile(r"scheduler died during initialization \(exit code: (-?\d+)\)")
+_WATCHDOG = re.compile(r"watchdog timeout", re.IGNORECASE)
+
+
+def _float(pattern: re.Pattern[str], line: str, group: int = 1) -> float | None:
+    m = pattern.search(line)
+    return float(m.group(group)) if m else None
+
+
+def _int(pattern: re.Pattern[str], line: str) -> int | None:
+    m = pattern.search(line)
+    return int(m.group(1)) if m else None
+
+
+def _parse_server_args(text: str) -> dict[str, Any] | None:
+    """The logged ``server_args`` (a dict repr, or ``ServerArgs(...)`` in older versions).
+
+    Values that are not Python literals are kept as their source text rather than evaluated.
+    """
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    if isinstance(node, ast.Dict):
+        pairs = [(k.value, v) for k, v in zip(node.keys, node.values, strict=True) if isinstance(k, ast.Constant)]
+    elif isinstance(node, ast.Call):
+        pairs = [(kw.arg, kw.value) for kw in node.keywords if kw.arg is not None]
+    else:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        try:
+            out[str(key)] = ast.literal_eval(value)
+        except ValueError:
+            out[str(key)] = ast.unparse(value)
+    return out
+
+
+def _kv_summary_event(line: str) -> LogEvent:
+    """``max_total_num_tokens=..., max_running_requests=..., context_len=..., available_gpu_mem=...``"""
+    values = {k: float(v) for k, v in _KEY_VALUE.findall(line)}
+    headroom = values.get("available_gpu_mem", values.get("available_cpu_mem"))
+    data: dict[str, Any] = {"kv_tokens": int(values["max_total_num_tokens"]), "source": "scheduler"}
+    for key, name in (
+        ("max_running_requests", "max_concurrency"),
+        ("context_len", "context_len"),
+        ("chunked_prefill_size", "chunked_prefill_size"),
+        ("max_prefill_tokens", "max_prefill_tokens"),
+    ):
+        if key in values:
+            data[name] = int(values[key])
+    if headroom is not None:
+        data["headroom_gib"] = headroom
+    return LogEvent(EventKind.KV_CAPACITY, line, data)
+
+
+def _kv_allocated_event(line: str) -> LogEvent | None:
+    tokens = _int(_KV_TOKENS, line)
+    if tokens is None:
+        return None
+    data: dict[str, Any] = {"kv_tokens": tokens, "source": "kv_pool"}
+    sizes = _KV_SIZES.findall(line)
+    if sizes:
+        data["kv_gib"] = round(sum(float(gib) for _, gib in sizes), 4)
+    dtype = _KV_DTYPE.search(line)
+    if dtype:
+        data["kv_dtype"] = dtype.group(1)
+    return LogEvent(EventKind.KV_CAPACITY, line, data)
+
+
+def _capture_event(line: str, m: re.Match[str]) -> LogEvent:
+    data: dict[str, Any] = {"phase": m.group("phase").lower(), "stage": (m.group("stage") or "decode").lower()}
+    if m.group("model"):
+        data["model"] = m.group("model")
+    for key, pattern in (("seconds", _ELAPSED), ("gib", _MEM_USAGE), ("avail_gib", _AVAIL_MEM)):
+        value = _float(pattern, line)
+        if value is not None:
+            data[key] = value
+    bs = _CAPTURED_BS.search(line)
+    if bs and bs.group(1).strip():
+        sizes = [int(x) for x in bs.group(1).split(",") if x.strip()]
+        data["batch_sizes"], data["max_bs"] = sizes, max(sizes)
+    return LogEvent(EventKind.GRAPH_CAPTURE, line, data)
+
+
+def _decode_event(line: str) -> LogEvent:
+    graph = _CUDA_GRAPH.search(line)
+    data: dict[str, Any] = {
+        "running": _int(_RUNNING, line),
+        "tokens": _int(_USED_TOKENS, line),
+        "token_usage": _float(_TOKEN_USAGE, line),
+        "cuda_graph": graph.group(1) == "True" if graph else None,
+        "gen_throughput": _float(_GEN_THROUGHPUT, line),
+        "queue": _int(_QUEUE, line),
+    }
+    accept = _float(_ACCEPT_LEN, line)
+    if accept is not None:
+        data["accept_len"] = accept
+    return LogEvent(EventKind.DECODE_BATCH, line, data)
+
+
+def _retraction_event(line: str) -> LogEvent:
+    data: dict[str, Any] = {"retracted": _int(_RETRACTED, line), "tokens_gained": _int(_TOKENS_GAINED, line)}
+    ratio = _RATIO.search(line)
+    if ratio:
+        data["new_token_ratio_before"], data["new_token_ratio_after"] = float(ratio.group(1)), float(ratio.group(2))
+    return LogEvent(EventKind.PREEMPTION, line, data)
+
+
+def _too_low_event(line: str) -> LogEvent | None:
+    """Startup failures that a *larger* --mem-fraction-static fixes: no room left for KV."""
+    m = _WEIGHTS_LEAVE_NO_KV.search(line)
+    if m:
+        data: dict[str, Any] = {"memory_direction": TOO_LOW, "mem_fraction_static": float(m.group(1))}
+        above = _float(_RAISE_ABOVE, line)
+        if above is not None:
+            data["min_fraction"] = above
+        return LogEvent(EventKind.KV_INSUFFICIENT, line, data)
+    if _NOT_ENOUGH.search(line):
+        data = {"memory_direction": TOO_LOW}
+        current = _float(_CURRENT_FRACTION, line)
+        if current is not None:
+            data["mem_fraction_static"] = current
+        return LogEvent(EventKind.KV_INSUFFICIENT, line, data)
+    if _STATE_CACHE_SMALL.search(line):
+        return LogEvent(EventKind.KV_INSUFFICIENT, line, {"memory_direction": TOO_LOW, "cache": "mamba_state"})
+    return None
+
+
+def _too_high_event(line: str) -> LogEvent | None:
+    """CUDA OOMs, which a *smaller* --mem-fraction-static (or smaller graphs) avoids.
+
+    Graph capture happens only during startup, so its OOM is ``OOM_STARTUP`` and ends the wait
+    at once. A bare CUDA OOM line does not say when it happened; it is reported as
+    ``OOM_RUNTIME`` (which does not end a startup wait: SGLang kills itself within seconds) and
+    :meth:`SglangAdapter.classify_failure` counts it as a startup OOM when the engine never
+    became ready.
+    """
+    if _CAPTURE_FAILED.search(line):
+        if _CUDA_OOM.search(line) or "out of memory" in line.lower():
+            return LogEvent(EventKind.OOM_STARTUP, line, {"memory_direction": TOO_HIGH, "stage": "graph_capture"})
+        return LogEvent(EventKind.FATAL, line, {"stage": "graph_capture"})
+    if _CUDA_OOM.search(line):
+        return LogEvent(EventKind.OOM_RUNTIME, line, {"memory_direction": TOO_HIGH, "stage": "unknown"})
+    return None
+
+
+def _invalid_args_event(line: str) -> LogEvent | None:
+    m = _ARGPARSE.search(line)
+    if not m:
+        return None
+    data: dict[str, Any] = {"message": m.group("msg").strip()}
+    amb = _AMBIGUOUS.search(line)
+    if amb:
+        data["flag"] = amb.group(1)
+        data["candidates"] = [c.strip() for c in amb.group(2).split(",")]
+        change = next((c for c in FLAG_CHANGES if c.old == amb.group(1)), None)
+        if change is not None:
+            data["renamed_to"] = change.new
+    return LogEvent(EventKind.INVALID_ARGS, line, data)
+
+
+def _fatal_event(line: str) -> LogEvent | None:
+    died = _DIED_AT_INIT.search(line)
+    if died:
+        code = int(died.group(1))
+        return LogEvent(EventKind.FATAL, line, {"reason": "scheduler_died", "exit_code": code})
+    if _CHILD_FAILED.search(line):
+        return LogEvent(EventKind.FATAL, line, {"reason": "child_failed"})
+    if _WATCHDOG.search(line):
+        return LogEvent(EventKind.FATAL, line, {"reason": "watchdog"})
+    return None
+
+
+def parse_line(line: str) -> LogEvent | None:
+    """Turn one SGLang log line into an event (see :meth:`SglangAdapter.parse_log_line`)."""
+    # Failures first: their lines can mention graphs or KV in passing.
+    for parse in (_too_low_event, _too_high_event, _invalid_args_event):
+        event = parse(line)
+        if event is not None:
+            return event
+    if _PORT_IN_USE.search(line):
+        return LogEvent(EventKind.PORT_IN_USE, line)
+    if _DECODE.search(line):
+        return _decode_event(line)
+    if _RETRACT.search(line):
+        return _retraction_event(line)
+    aborted = _ABORTED.search(line)
+    if aborted:
+        # A single request needs more KV than the pool can free: the pool is too small.
+        data = {"memory_direction": TOO_LOW, "stage": "decode", "request": aborted.group(1)}
+        return LogEvent(EventKind.OOM_RUNTIME, line, data)
+    return _startup_event(line) or _fatal_event(line)
+
+
+def _startup_event(line: str) -> LogEvent | None:
+    server_args = _SERVER_ARGS.search(line)
+    if server_args:
+        args = _parse_server_args(server_args.group(1))
+        return LogEvent(EventKind.NON_DEFAULT_ARGS, line, {"args": args, "resolved": True}) if args else None
+    if _KV_ALLOCATED.search(line):
+        return _kv_allocated_event(line)
+    if _KV_SUMMARY.search(line):
+        return _kv_summary_event(line)
+    below = _KV_BELOW_CONTEXT.search(line)
+    if below:
+        data = {"kv_tokens": int(below.group(1)), "context_len": int(below.group(2)), "kv_below_context": True}
+        return LogEvent(EventKind.KV_CAPACITY, line, data)
+    capture = _CAPTURE.search(line)
+    if capture:
+        return _capture_event(line, capture)
+    prefill_graph = _PREFILL_GRAPH_FAILED.search(line)
+    if prefill_graph:
+        # Logged with the error; whether it is fatal shows in the lines that follow.
+        return LogEvent(EventKind.GRAPH_CAPTURE, line, {"phase": "failed", "stage": "prefill"})
+    if _READY.search(line):
+        return LogEvent(EventKind.READY, line)
+    return None
+
+
+# ---------------------------------------------------------------------------------- metrics
+def _metric_sum(samples: Mapping[str, float], name: str) -> float | None:
+    """Sum a metric over all its label sets (TP ranks, DP ranks ...); None when absent."""
+    values = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+    return sum(values) if values else None
+
+
+def _metric_max(samples: Mapping[str, float], name: str) -> float | None:
+    values = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+    return max(values) if values else None
+
+
+def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> float | None:
+    end = _metric_sum(after, name)
+    if end is None:
+        return None
+    return end - (_metric_sum(before, name) or 0.0)
+
+
+# ----------------------------------------------------------------------------- server info
+def resolved_knobs(info: Mapping[str, Any]) -> dict[str, Any]:
+    """Portable knobs as the engine resolved them (``/server_info``), auto values included.
+
+    Args:
+        info: The JSON of ``/server_info``.
+
+    Returns:
+        The knobs SGLang reported (``memory_fraction``, ``max_running``, ``batched_tokens``,
+        ``context_len``, ``cuda_graph_max_bs``), plus ``kv_tokens`` and ``engine_version``.
+    """
+    states = info.get("internal_states")
+    first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    graph = info.get("cuda_graph_config")
+    decode = graph.get("decode") if isinstance(graph, dict) else None
+    graph_max_bs = decode.get("max_bs") if isinstance(decode, dict) else None
+    candidates = {
+        "memory_fraction": [info.get("mem_fraction_static")],
+        "max_running": [first.get("effective_max_running_requests_per_dp"), info.get("max_running_requests")],
+        "batched_tokens": [info.get("chunked_prefill_size")],
+        "context_len": [info.get("context_length"), info.get("context_len")],
+        "cuda_graph_max_bs": [info.get("cuda_graph_max_bs_decode"), info.get("cuda_graph_max_bs"), graph_max_bs],
+        "kv_tokens": [info.get("max_total_num_tokens")],
+        "engine_version": [info.get("version")],
+    }
+    return {k: next((v for v in vs if v is not None), None) for k, vs in candidates.items()}
+
+
+# ---------------------------------------------------------------------------------- adapter
+class SglangAdapter(EngineAdapter):
+    """SGLang (``python -m sglang.launch_server``), old and new flag sets alike.
+
+    Portable knobs resolve to the installed version's spelling; ``cuda_graph_max_bs`` becomes
+    ``--cuda-graph-max-bs-decode`` on 0.5.23+ and ``--cuda-graph-max-bs`` before. A raw flag
+    written for the other version is refused before launch with a one-line message naming the
+    replacement; a deprecated flag is accepted with a logged warning.
+    """
+
+    name: ClassVar[str] = "sglang"
+    default_module: ClassVar[str] = "sglang.launch_server"
+    knobs: ClassVar[Mapping[str, str]] = {
+        "memory_fraction": "--mem-fraction-static",
+        "max_running": "--max-running-requests",
+        "batched_tokens": "--chunked-prefill-size",
+        "context_len": "--context-length",
+        "cuda_graph_max_bs": NEW_FLAG_SET_MARKER,
+    }
+    #: Knobs whose flag differs between SGLang versions: spellings, newest first.
+    knob_spellings: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "cuda_graph_max_bs": (NEW_FLAG_SET_MARKER, "--cuda-graph-max-bs"),
+    }
+    #: Liveness after readiness. /health runs a real one-token generation, so a hung scheduler
+    #: shows as 503 (within SGLANG_HEALTH_CHECK_TIMEOUT); it exists in every version.
+    health_path: ClassVar[str] = "/health"
+
+    def __init__(self, settings: EngineSettings):
+        super().__init__(settings)
+        self._warned: set[str] = set()  # deprecated flags already warned about
+
+    # ------------------------------------------------------------------------- discovery
+    def discover_flags(self, timeout_s: float = 120.0) -> FlagSet:
+        """The installed version's flags from its --help (cached), with its version when known."""
+        cached = self._flagset
+        flagset = super().discover_flags(timeout_s)
+        if cached is None and flagset.version is None:
+            self._flagset = flagset = replace(flagset, version=self._installed_version())
+        return flagset
+
+    def _installed_version(self) -> str | None:
+        """SGLang's package version from its own Python, without importing it (metadata only).
+
+        Only possible when the engine runs as ``<python> -m ...``; a custom command hides it.
+        """
+        if self.settings.command:
+            return None
+        code = "import importlib.metadata as m; print(m.version('sglang'))"
+        argv = [self.settings.python or "python3", "-c", code]
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=30, env={**os.environ, **self.settings.env}
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        version = proc.stdout.strip()
+        return version if proc.returncode == 0 and version else None
+
+    # ----------------------------------------------------------------------------- flags
+    def to_flags(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Portable knobs and raw flags → this version's canonical flags.
+
+        Raises:
+            InvalidFlags: a knob SGLang has no flag for, a flag spelled for another SGLang
+                version, an ambiguous prefix, or two names for the same flag.
+        """
+        known = self.discover_flags()
+        out: dict[str, Any] = {}
+        origin: dict[str, str] = {}
+        for key, value in params.items():
+            flag = self._knob_flag(key, known) if key in self.knobs else self._raw_flag(key, known)
+            if flag in out:
+                raise InvalidFlags(f"{origin[flag]!r} and {key!r} both set {flag}; keep one of them")
+            out[flag], origin[flag] = value, key
+        return out
+
+    def _knob_flag(self, knob: str, known: FlagSet) -> str:
+        spellings = self.knob_spellings.get(knob, (self.knobs[knob],))
+        for flag in spellings:
+            if flag in known:
+                return flag
+        raise InvalidFlags(
+            f"the installed SGLang has no flag for knob {knob} (looked for {', '.join(spellings)}); "
+            "check engine.python / engine.command"
+        )
+
+    def _raw_flag(self, key: str, known: FlagSet) -> str:
+        flag = next(iter(super().to_flags({key: None})))  # base rules: canonical spelling or InvalidFlags
+        problem = _drift_problem(flag, known)
+        if problem:
+            raise InvalidFlags(problem)
+        return self._expand_prefix(flag, known)
+
+    def _expand_prefix(self, flag: str, known: FlagSet) -> str:
+        """SGLang's argparse accepts unique prefixes (``--tp``); record the full flag instead."""
+        if flag in known:
+            return flag
+        matches = sorted(f for f in known.flags if f.startswith(flag))
+        if len(matches) == 1:
+            log.info("%s is a prefix SGLang expands to %s; using %s", flag, matches[0], matches[0])
+            return matches[0]
+        if len(matches) > 1:
+            raise InvalidFlags(f"{flag} is ambiguous for SGLang (it could be {', '.join(matches)}); write one of them")
+        return flag  # unknown: validate_flags names the closest spelling
+
+    def validate_flags(self, flags: Iterable[str]) -> None:
+        """Refuse flags of another SGLang version or unknown ones; warn once about deprecated ones.
+
+        Raises:
+            InvalidFlags: with the renamed flag and its replacement, or the closest valid flag.
+        """
+        known = self.discover_flags()
+        flags = list(flags)
+        for flag in flags:
+            problem = _drift_problem(flag, known)
+            if problem:
+                raise InvalidFlags(problem)
+            change = _deprecation(flag, known)
+            if change is not None and flag not in self._warned:
+                self._warned.add(flag)
+                log.warning(
+                    "%s is deprecated since SGLang %s (still accepted); prefer %s",
+                    flag,
+                    change.since,
+                    change.advice or change.new,
+                )
+        super().validate_flags(flags)
+
+    # ---------------------------------------------------------------------------- launch
+    def build_launch(self, flags: Mapping[str, Any], port: int) -> LaunchSpec:
+        """argv for one trial: model, host, port, ``--enable-metrics`` (for /metrics deltas), flags.
+
+        Readiness is polled on ``/ready`` where the flag set is the 0.5.23+ one (cheap, 200 once
+        warm-up succeeded); older versions are polled on ``/health``, which is 503 until warm-up.
+        """
+        known = self.discover_flags()
+        flags = dict(flags)
+        argv = self.launch_prefix()
+        if not ({"--model-path", "--model"} & flags.keys()):
+            argv += ["--model-path", self.settings.model]
+        argv += ["--host", self.settings.host, "--port", str(port)]
+        if "--enable-metrics" in known and "--enable-metrics" not in flags:
+            argv.append("--enable-metrics")
+        for owned in ("--host", "--port"):
+            flags.pop(owned, None)  # the tuner owns the address: one engine per free port
+        argv += self.render_flags(flags)
+        ready_path = "/ready" if has_new_flag_set(known) else "/health"
+        return LaunchSpec(argv, dict(self.settings.env), self.settings.host, port, ready_path)
+
+    # ------------------------------------------------------------------------- observing
+    def parse_log_line(self, line: str) -> LogEvent | None:
+        """One SGLang log line → event. Lines may carry a ``[time TPn]`` prefix; it is ignored.
+
+        Memory failures carry ``memory_direction``: ``too_low`` (no room for KV: raise
+        ``--mem-fraction-static``) or ``too_high`` (CUDA OOM: lower it).
+        """
+        return parse_line(line)
+
+    def classify_failure(self, returncode: int | None, events: list[LogEvent]) -> Outcome:
+        """Outcome of a start that never became ready.
+
+        The first memory failure decides (it is the cause; later lines are its consequences).
+        A return code of -9 is SGLang killing its own tree after a child failed: a crash unless
+        the log says why.
+        """
+        for event in events:
+            if event.kind == EventKind.KV_INSUFFICIENT:
+                return Outcome.KV_INSUFFICIENT
+            if event.kind in (EventKind.OOM_STARTUP, EventKind.OOM_RUNTIME):
+                return Outcome.KV_INSUFFICIENT if event.data.get("memory_direction") == TOO_LOW else Outcome.OOM_STARTUP
+        if returncode == 2 or any(e.kind == EventKind.INVALID_ARGS for e in events):
+            return Outcome.INVALID_FLAGS
+        if returncode is None and not any(e.kind in (EventKind.FATAL, EventKind.PORT_IN_USE) for e in events):
+            return Outcome.STARTUP_TIMEOUT
+        return Outcome.CRASH
+
+    def resolved_args(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+        """The engine's resolved arguments and scheduler info from ``/server_info``.
+
+        Read after readiness: it holds the auto values SGLang picked (``mem_fraction_static``,
+        ``chunked_prefill_size`` ...), ``max_total_num_tokens`` and ``version``. Older versions
+        only serve ``/get_server_info``, which is tried second.
+
+        Raises:
+            EngineError: the engine did not answer, or has neither endpoint.
+        """
+        key = self.api_key()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        base = base_url.rstrip("/")
+        with httpx.Client(timeout=timeout_s, headers=headers) as client:
+            for path in ("/server_info", "/get_server_info"):
+                try:
+                    resp = client.get(base + path)
+                except httpx.HTTPError as err:
+                    raise EngineError(f"GET {base}{path} failed ({type(err).__name__}); is SGLang still up?") from None
+                if resp.status_code == 404:
+                    continue
+                if resp.status_code != 200:
+                    raise EngineError(f"GET {base}{path} answered {resp.status_code}; see the engine log")
+                data = resp.json()
+                if isinstance(data, dict):
+                    return data
+                raise EngineError(f"GET {base}{path} did not return a JSON object; is this SGLang?")
+        raise EngineError(f"{base} has neither /server_info nor /get_server_info; is this SGLang?")
+
+    def engine_facts(
+        self, events: list[LogEvent], before: Mapping[str, float], after: Mapping[str, float]
+    ) -> dict[str, Any]:
+        """Facts of a served trial, named like the vLLM adapter's where they mean the same.
+
+        Keys (absent when unknown): ``kv_tokens``, ``kv_gib``, ``max_concurrency``,
+        ``context_len``, ``headroom_gib``, ``cuda_graph_max_bs``, ``graph_capture_s``,
+        ``graph_gib``, ``preemptions`` (= ``retractions``: counter delta, else the sum over
+        retraction warnings), ``retraction_warnings``, ``token_usage_peak``,
+        ``token_usage_mean``, ``cuda_graph_false_share``, ``queue_peak``, ``running_peak``,
+        ``gen_throughput_mean``, ``decode_logs``, ``cache_hit_rate``, ``aborted_requests``,
+        ``kv_below_context``, ``resolved_args``, ``engine_version``.
+        """
+        facts: dict[str, Any] = {}
+        facts.update(_startup_facts(events))
+        facts.update(_decode_facts([e.data for e in events if e.kind == EventKind.DECODE_BATCH]))
+        facts.update(_retraction_facts(events, before, after))
+        facts.update(_cache_facts(before, after))
+        if "kv_tokens" not in facts:
+            kv = _metric_max(after, "sglang:max_total_num_tokens")
+            if kv is not None:
+                facts["kv_tokens"] = int(kv)
+        if self._flagset is not None and self._flagset.version:
+            facts["engine_version"] = self._flagset.version
+        return facts
+
+
+def _startup_facts(events: list[LogEvent]) -> dict[str, Any]:
+    """KV capacity, real headroom and graph coverage from the startup log (last value wins)."""
+    facts: dict[str, Any] = {}
+    for event in events:
+        data = event.data
+        if event.kind == EventKind.KV_CAPACITY:
+            facts.update({k: v for k, v in data.items() if k in _KV_FACT_KEYS})
+        elif event.kind == EventKind.GRAPH_CAPTURE and data.get("phase") == "end":
+            if data.get("stage") == "decode" and "max_bs" in data:
+                facts["cuda_graph_max_bs"] = data["max_bs"]
+            if "seconds" in data:
+                facts["graph_capture_s"] = round(facts.get("graph_capture_s", 0.0) + data["seconds"], 3)
+            if "gib" in data:
+                facts["graph_gib"] = round(facts.get("graph_gib", 0.0) + data["gib"], 4)
+        elif event.kind == EventKind.NON_DEFAULT_ARGS and data.get("resolved") and data.get("args"):
+            # What SGLang's auto defaults resolved to: the baseline every gain is measured against.
+            knobs = resolved_knobs(data["args"])
+            facts["resolved_knobs"] = {k: v for k, v in knobs.items() if v is not None}
+    return facts
+
+
+_KV_FACT_KEYS = frozenset({"kv_tokens", "kv_gib", "max_concurrency", "context_len", "headroom_gib", "kv_below_context"})
+
+
+def _decode_facts(decodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """KV pressure, graph coverage and queueing seen in the periodic decode log lines.
+
+    Only the log gives peaks: the ``sglang:token_usage`` / ``sglang:num_queue_reqs`` gauges read
+    after a run show the drained engine, not the load.
+    """
+    facts: dict[str, Any] = {"decode_logs": len(decodes)}
+    usage = [d["token_usage"] for d in decodes if d.get("token_usage") is not None]
+    graphs = [d["cuda_graph"] for d in decodes if d.get("cuda_graph") is not None]
+    queues = [d["queue"] for d in decodes if d.get("queue") is not None]
+    running = [d["running"] for d in decodes if d.get("running") is not None]
+    gen = [d["gen_throughput"] for d in decodes if d.get("gen_throughput") is not None]
+    if usage:
+        facts["token_usage_peak"] = max(usage)
+        facts["token_usage_mean"] = round(statistics.fmean(usage), 4)
+    if graphs:
+        # Batches beyond the captured max run eagerly: the share that missed the graphs.
+        facts["cuda_graph_false_share"] = round(graphs.count(False) / len(graphs), 4)
+    if queues:
+        facts["queue_peak"] = max(queues)
+    if running:
+        facts["running_peak"] = max(running)
+    if gen:
+        facts["gen_throughput_mean"] = round(statistics.fmean(gen), 2)
+    return facts
+
+
+def _retraction_facts(
+    events: list[LogEvent], before: Mapping[str, float], after: Mapping[str, float]
+) -> dict[str, Any]:
+    """Retractions are SGLang's preemptions: the counter delta when metrics exist, else the log."""
+    warnings = [e for e in events if e.kind == EventKind.PREEMPTION]
+    counted = _delta(before, after, "sglang:num_retracted_requests_total")
+    from_log = sum(e.data.get("retracted") or 1 for e in warnings)
+    retractions = int(counted) if counted is not None else from_log
+    facts: dict[str, Any] = {
+        "retractions": retractions,
+        "preemptions": retractions,
+        "retraction_warnings": len(warnings),
+    }
+    aborted = _delta(before, after, "sglang:num_aborted_requests_total")
+    if aborted is not None:
+        facts["aborted_requests"] = int(aborted)
+    return facts
+
+
+def _cache_facts(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
+    """Prefix-cache hit rate over the run (token counters), else SGLang's own gauge."""
+    prompt = _delta(before, after, "sglang:prompt_tokens_total")
+    cached = _delta(before, after, "sglang:cached_tokens_total")
+    if prompt and cached is not None:
+        return {"cache_hit_rate": round(cached / prompt, 4)}
+    gauge = _metric_max(after, "sglang:cache_hit_rate")
+    return {"cache_hit_rate": gauge} if gauge is not None else {}

@@ -1,0 +1,119 @@
+"""Live progress of a tuning run: a rich status panel on a terminal, plain log lines elsewhere
+(nohup, CI), so an overnight log file stays readable."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+__all__ = ["LiveProgress"]
+
+
+def _fmt_params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items()) or "(engine defaults)"
+
+
+class LiveProgress:
+    """Implements autotune.search.progress.Progress for the CLI."""
+
+    def __init__(self, console: Console, *, simulated: bool = False):
+        self.console = console
+        self.interactive = console.is_terminal
+        self.simulated = simulated
+        self.study, self.total, self.done = "", 0, 0
+        self.trial: dict[str, Any] = {}
+        self.phase_name, self.phase_t0 = "", time.monotonic()
+        self.bench = (0, 0, 0.0)
+        self.best: dict[str, Any] | None = None
+        self.outcomes: Counter[str] = Counter()
+        self.live: Live | None = None
+
+    # -- context: the live panel exists only on a terminal
+    def __enter__(self) -> LiveProgress:
+        if self.interactive:
+            self.live = Live(self._panel(), console=self.console, refresh_per_second=4, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+            self.live = None
+
+    def _refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self._panel())
+
+    def _panel(self) -> Table:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold cyan")
+        table.add_column()
+        sim = " [yellow](simulated engine: modelled numbers)[/]" if self.simulated else ""
+        table.add_row("study", f"{self.study}{sim}")
+        if self.trial:
+            table.add_row("trial", f"#{self.trial['number']} ({self.trial['stage']}) — search {self.done}/{self.total}")
+            table.add_row("params", _fmt_params(self.trial["params"]))
+        elapsed = time.monotonic() - self.phase_t0
+        table.add_row("phase", f"{self.phase_name} {elapsed:5.0f}s")
+        done, total, tps = self.bench
+        if total:
+            table.add_row("requests", f"{done}/{total}  {tps:,.0f} output tok/s")
+        if self.best:
+            table.add_row("best", f"trial #{self.best['number']}: {self.best['value']:,.1f}")
+        if self.outcomes:
+            table.add_row("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())))
+        return table
+
+    def _line(self, text: str) -> None:
+        if self.live is not None:
+            self.live.console.print(text)
+        else:
+            self.console.print(text, highlight=False, soft_wrap=True)
+
+    # -- Progress protocol
+    def study_started(self, study: str, total: int, done: int) -> None:
+        self.study, self.total, self.done = study, total, done
+        self._line(f"study {study}: {done}/{total} search trials already done")
+        self._refresh()
+
+    def trial_started(self, number: int, stage: str, params: dict[str, Any]) -> None:
+        self.trial = {"number": number, "stage": stage, "params": params}
+        self.bench = (0, 0, 0.0)
+        self._line(f"trial {number} [{stage}] {_fmt_params(params)}")
+        self._refresh()
+
+    def phase(self, name: str) -> None:
+        self.phase_name, self.phase_t0 = name, time.monotonic()
+        if not self.interactive:
+            self._line(f"  {name}")
+        self._refresh()
+
+    def bench_progress(self, completed: int, total: int, output_tps: float) -> None:
+        self.bench = (completed, total, output_tps)
+        self._refresh()
+
+    def trial_finished(self, summary: dict[str, Any]) -> None:
+        self.outcomes[summary["outcome"]] += 1
+        if summary["stage"] == "search":
+            self.done += 1
+        self.best = summary.get("best")
+        metrics = summary.get("metrics") or {}
+        detail = (
+            f"{metrics.get('output_throughput', 0):,.1f} tok/s, p95 TTFT {metrics.get('p95_ttft_ms', 0):,.0f} ms"
+            if metrics
+            else summary.get("reason", "")[:160]
+        )
+        t = summary.get("timings", {})
+        self._line(
+            f"trial {summary['number']} → {summary['outcome']}: {detail} "
+            f"(start {t.get('startup_s', 0):.0f}s, bench {t.get('bench_s', 0):.0f}s, total {t.get('total_s', 0):.0f}s)"
+        )
+        self._refresh()
+
+    def message(self, text: str) -> None:
+        self._line(text)

@@ -1,0 +1,143 @@
+"""The process table: finding, and ending, every member of an engine's process group.
+
+An engine's children can outlive the process autotune started (vLLM's ``VLLM::EngineCore``
+survives a SIGKILL of its API server and is reparented to pid 1), so "is the engine gone?" is
+answered by scanning ``/proc`` for the process group, never by walking the child list. Zombies
+are not counted: they hold no memory and only their parent (often pid 1) can reap them.
+
+On systems without ``/proc`` the group is probed with ``killpg(pgid, 0)``, which says whether
+the group exists but not which PIDs it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+__all__ = [
+    "ENGINE_MARKER_ENV",
+    "environ_value",
+    "group_exists",
+    "pids_in_group",
+    "read_cmdline",
+    "send_group",
+    "terminate_group",
+    "wait_group_empty",
+]
+
+#: Set in every engine's environment by EngineProcess (value: the launching tuner's PID), so a
+#: later run can tell an engine left behind by autotune from an unrelated process.
+ENGINE_MARKER_ENV = "AUTOTUNE_ENGINE"
+
+_PROC = Path("/proc")
+_POLL_S = 0.05
+
+log = logging.getLogger(__name__)
+
+
+def _stat_fields(pid: int) -> tuple[str, int] | None:
+    """``(state, pgid)`` from ``/proc/<pid>/stat``, or None when the process is gone."""
+    try:
+        raw = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    rest = raw[raw.rfind(")") + 2 :].split()
+    try:
+        return rest[0], int(rest[2])
+    except (IndexError, ValueError):
+        return None
+
+
+def pids_in_group(pgid: int) -> list[int]:
+    """Live (non-zombie) PIDs whose process group is ``pgid``, sorted.
+
+    Without ``/proc`` this returns ``[pgid]`` while the group exists, so callers can still tell
+    "empty" from "not empty".
+    """
+    if not _PROC.is_dir():
+        return [pgid] if group_exists(pgid) else []
+    found = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None and fields[1] == pgid and fields[0] not in ("Z", "X"):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def group_exists(pgid: int) -> bool:
+    """Whether any process (zombies included) is still in process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, it just is not ours
+    return True
+
+
+def read_cmdline(pid: int) -> str:
+    """The process's command line joined by spaces ('' when gone or unreadable).
+
+    Processes that rename themselves (``VLLM::EngineCore``) show their new name here.
+    """
+    try:
+        raw = (_PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+
+
+def environ_value(pid: int, name: str) -> str | None:
+    """The value of environment variable ``name`` in process ``pid`` as it started, if readable."""
+    try:
+        raw = (_PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode("utf-8", "replace")
+    return None
+
+
+def send_group(pgid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to the group; False when the group is already gone."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_group_empty(pgid: int, timeout_s: float) -> bool:
+    """Poll until no live process is left in ``pgid``; False if some remain at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while pids_in_group(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
+
+
+def terminate_group(pgid: int, *, grace_s: float, kill_wait_s: float = 5.0) -> list[int]:
+    """SIGTERM the whole group, wait ``grace_s``, then SIGKILL it and wait ``kill_wait_s``.
+
+    Returns:
+        The PIDs still alive afterwards (empty when the group is gone). A non-empty result
+        means processes stuck in the kernel (state D) or owned by someone else.
+    """
+    if not pids_in_group(pgid):
+        return []
+    send_group(pgid, signal.SIGTERM)
+    if wait_group_empty(pgid, grace_s):
+        return []
+    log.warning("process group %d ignored SIGTERM for %.1fs; sending SIGKILL", pgid, grace_s)
+    send_group(pgid, signal.SIGKILL)
+    wait_group_empty(pgid, kill_wait_s)
+    return pids_in_group(pgid)

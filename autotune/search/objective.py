@@ -1,0 +1,56 @@
+"""Turn a trial's outcome and measurements into what Optuna learns: a value and constraints.
+
+Constraints follow Optuna's convention (≤ 0 is feasible) and are read by the sampler's
+``constraints_func`` from the trial's ``constraints`` user attribute. A trial that failed
+because of its flags (memory, KV pool, rejected flags) is told to Optuna as COMPLETE with the
+worst value and a large violation, so TPE learns the region is infeasible; it can never be
+"best" because :func:`is_feasible` requires a served outcome and no violation. Failures that
+say nothing about the flags (crash, timeout) are told as FAIL and retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autotune.config import Workload
+from autotune.outcomes import Outcome
+
+__all__ = ["FAILED_VIOLATION", "Score", "is_feasible", "score"]
+
+# Larger than any real SLO slack, so every flag-caused failure ranks below every served trial.
+FAILED_VIOLATION = 1e6
+_WORST = {"maximize": 0.0, "minimize": 1e12}
+
+
+@dataclass(frozen=True)
+class Score:
+    value: float
+    constraints: list[float]  # one per SLO + error rate; ≤ 0 feasible
+    violations: dict[str, float]  # metric → amount over its bound (only the violated ones)
+
+
+def _slo_terms(metrics: Mapping[str, float], workload: Workload) -> dict[str, float]:
+    """Relative slack per bound: (measured − bound) / bound, so violations are comparable."""
+    terms: dict[str, float] = {}
+    for key, bound in sorted(workload.slos.items()):
+        measured = metrics.get(key)
+        terms[key] = FAILED_VIOLATION if measured is None else (measured - bound) / bound
+    error_rate = float(metrics.get("error_rate", 0.0))
+    terms["error_rate"] = error_rate - workload.max_error_rate
+    return terms
+
+
+def score(outcome: Outcome, metrics: Mapping[str, float], workload: Workload) -> Score:
+    """Value and constraints for a finished trial (served or flag-caused failure)."""
+    objective = workload.objective
+    if not outcome.served:
+        n = len(workload.slos) + 1
+        return Score(_WORST[objective.direction], [FAILED_VIOLATION] * n, {"outcome": FAILED_VIOLATION})
+    terms = _slo_terms(metrics, workload)
+    value = float(metrics.get(objective.metric, _WORST[objective.direction]))
+    return Score(value, list(terms.values()), {k: v for k, v in terms.items() if v > 0})
+
+
+def is_feasible(outcome: str | None, constraints: list[float] | None) -> bool:
+    return outcome == Outcome.OK and all(c <= 0 for c in constraints or [])

@@ -1,0 +1,44 @@
+"""Search space (YAML) → Optuna suggestions, honouring conditional parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from autotune.config import BoolParam, CategoricalParam, FloatParam, IntParam, Param, SearchSpace
+
+__all__ = ["active", "suggest"]
+
+
+def active(param: Param, chosen: dict[str, Any]) -> bool:
+    """A parameter is sampled only when every parameter its condition names has that value."""
+    return all(chosen.get(name) == value for name, value in (param.condition or {}).items())
+
+
+def _suggest_one(trial: optuna.Trial, name: str, param: Param) -> Any:
+    if isinstance(param, FloatParam):
+        return trial.suggest_float(name, param.low, param.high, step=param.step, log=param.log)
+    if isinstance(param, IntParam):
+        return trial.suggest_int(name, param.low, param.high, step=param.step, log=param.log)
+    if isinstance(param, CategoricalParam):
+        return trial.suggest_categorical(name, param.choices)
+    if isinstance(param, BoolParam):
+        return trial.suggest_categorical(name, [False, True])
+    raise TypeError(f"unknown parameter type for {name}")  # unreachable: config validates the tag
+
+
+def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
+    """Sample every active parameter. Conditions are resolved in dependency order, so a
+    parameter whose condition is off is never suggested (and so never sent to the engine)."""
+    chosen: dict[str, Any] = {}
+    pending = dict(space.params)
+    while pending:
+        ready = [n for n, p in pending.items() if all(c in chosen or c not in pending for c in p.condition or {})]
+        if not ready:
+            raise ValueError(f"search space conditions form a cycle among {sorted(pending)}")
+        for name in ready:
+            param = pending.pop(name)
+            if active(param, chosen):
+                chosen[name] = _suggest_one(trial, name, param)
+    return chosen

@@ -1,0 +1,229 @@
+"""One trial: launch the engine with one flag set, benchmark it, tear it down, classify.
+
+Every path — ready or not, served or crashed, Ctrl-C — leaves no engine process behind: the
+engine lives inside ``with EngineProcess(...)``, whose exit kills its process group.
+Files written per trial (``results/<study>/trials/<n>/``): ``argv.json``, ``engine.log``,
+``bench.json`` (one entry per repeat), ``outcome.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune import __version__
+from autotune.bench import prometheus
+from autotune.bench.loadgen import BenchProgress, run_workload_sync
+from autotune.config import Workload
+from autotune.engines.base import STARTUP_FATAL, EngineAdapter, EventKind, LaunchSpec, LogEvent
+from autotune.errors import (
+    AutotuneError,
+    BenchmarkError,
+    EngineCrashed,
+    EngineStartupError,
+    InvalidFlags,
+    StartupTimeout,
+)
+from autotune.outcomes import Outcome
+from autotune.runtime.ports import free_port
+from autotune.runtime.process import EngineProcess
+from autotune.search.objective import Score, score
+from autotune.search.progress import NullProgress, Progress
+
+__all__ = ["TrialResult", "TrialSpec", "run_trial"]
+
+log = logging.getLogger(__name__)
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    number: int
+    stage: str
+    flags: dict[str, Any]  # canonical dialect flags, already validated
+    trial_dir: Path
+    repeats: int = 1
+    # Called with the engine's process-group id as soon as it exists, so a killed tuner's
+    # engine can be found and reaped on resume.
+    on_launch: Callable[[int], None] | None = None
+
+
+@dataclass
+class TrialResult:
+    number: int
+    stage: str
+    outcome: Outcome
+    flags: dict[str, Any]
+    argv: list[str]
+    env: dict[str, str]
+    engine_args: list[str] = field(default_factory=list)  # argv after the launch command
+    metrics: dict[str, float] = field(default_factory=dict)
+    spread: dict[str, float] = field(default_factory=dict)  # relative (max−min)/median per key
+    facts: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    reason: str = ""  # the log line or error that explains a failure
+    log_path: str = ""
+    score: Score | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "stage": self.stage,
+            "outcome": str(self.outcome),
+            "value": self.score.value if self.score else None,
+            "reason": self.reason,
+            "metrics": self.metrics,
+            "timings": self.timings,
+        }
+
+
+def _reason(events: list[LogEvent], fallback: str) -> str:
+    for event in reversed(events):
+        if event.kind in STARTUP_FATAL or event.kind == EventKind.OOM_RUNTIME:
+            return event.line.strip()[:300]
+    return fallback
+
+
+def _median_metrics(runs: list[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Median of each numeric key over repeats, and its relative spread (max−min)/median."""
+    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float))]
+    med: dict[str, float] = {}
+    spread: dict[str, float] = {}
+    for k in keys:
+        vals = [float(r[k]) for r in runs if isinstance(r.get(k), (int, float))]
+        med[k] = statistics.median(vals)
+        if len(vals) > 1 and med[k]:
+            spread[k] = (max(vals) - min(vals)) / abs(med[k])
+    return med, spread
+
+
+class _Trial:
+    """State of one running trial; methods are the phases."""
+
+    def __init__(self, spec: TrialSpec, adapter: EngineAdapter, workload: Workload, progress: Progress):
+        self.spec, self.adapter, self.workload, self.progress = spec, adapter, workload, progress
+        self.events: list[LogEvent] = []
+        self.timings: dict[str, float] = {}
+        spec.trial_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = spec.trial_dir / "engine.log"
+
+    def on_line(self, line: str) -> bool:
+        event = self.adapter.parse_log_line(line)
+        if event is None:
+            return False
+        self.events.append(event)
+        return event.kind in STARTUP_FATAL
+
+    def launch_spec(self) -> LaunchSpec:
+        spec = self.adapter.build_launch(self.spec.flags, free_port(self.adapter.settings.host))
+        _write_json(self.spec.trial_dir / "argv.json", {"argv": spec.argv, "env": spec.env})
+        return spec
+
+    def bench(self, launch: LaunchSpec, proc: EngineProcess) -> tuple[list[dict[str, float]], dict[str, Any]]:
+        before = prometheus.scrape(launch.base_url)
+        runs: list[dict[str, Any]] = []
+        for i in range(self.spec.repeats):
+            self.progress.phase(
+                f"benchmarking {i + 1}/{self.spec.repeats}" if self.spec.repeats > 1 else "benchmarking"
+            )
+            result = run_workload_sync(
+                launch.base_url, self.workload, api_key=self.adapter.api_key(), on_progress=self._bench_progress
+            )
+            proc.check_alive()  # vLLM answers 200 streams with an error body when its core dies
+            runs.append(result.to_json())
+        after = prometheus.scrape(launch.base_url)
+        facts = self.adapter.engine_facts(self.events, before, after)
+        facts["client_limited"] = any(r.get("client_limited") for r in runs)
+        _write_json(self.spec.trial_dir / "bench.json", {"schema_version": SCHEMA_VERSION, "runs": runs})
+        return runs, facts
+
+    def _bench_progress(self, p: BenchProgress) -> None:
+        self.progress.bench_progress(p.completed, p.total, p.output_throughput)
+
+
+def run_trial(
+    spec: TrialSpec, adapter: EngineAdapter, workload: Workload, progress: Progress | None = None
+) -> TrialResult:
+    """Run one trial end to end and return its classified result (never raises for engine
+    failures: they are outcomes). KeyboardInterrupt still propagates — after teardown."""
+    t = _Trial(spec, adapter, workload, progress or NullProgress())
+    result = TrialResult(spec.number, spec.stage, Outcome.CRASH, spec.flags, [], {}, log_path=str(t.log_path))
+    t0 = time.monotonic()
+    try:
+        launch = t.launch_spec()
+        result.argv, result.env = launch.argv, launch.env
+        result.engine_args = launch.argv[len(adapter.launch_prefix()) :]
+        t.progress.phase("launching")
+        proc = EngineProcess(
+            launch.argv,
+            launch.env,
+            t.log_path,
+            ready_url=launch.base_url + launch.ready_path,
+            health_url=launch.base_url + adapter.health_path,
+            on_line=t.on_line,
+            startup_timeout_s=adapter.settings.startup_timeout_s,
+        )
+        with proc:
+            if spec.on_launch and proc.pgid is not None:
+                spec.on_launch(proc.pgid)
+            t.timings["startup_s"] = proc.wait_ready()
+            t.progress.phase("warming")
+            b0 = time.monotonic()
+            runs, facts = t.bench(launch, proc)
+            t.timings["bench_s"] = time.monotonic() - b0
+            t.progress.phase("tearing down")
+            d0 = time.monotonic()
+        t.timings["teardown_s"] = time.monotonic() - d0
+        result.metrics, result.spread = _median_metrics(runs)
+        result.facts = facts
+        result.score = score(Outcome.OK, result.metrics, workload)
+        result.outcome = Outcome.SLO_VIOLATION if result.score.violations else Outcome.OK
+    except InvalidFlags as err:
+        result.outcome, result.reason = Outcome.INVALID_FLAGS, str(err)
+    except StartupTimeout as err:
+        result.outcome, result.reason = Outcome.STARTUP_TIMEOUT, str(err)
+    except EngineStartupError as err:
+        result.outcome = adapter.classify_failure(err.returncode, t.events)
+        result.reason = _reason(t.events, str(err))
+    except (EngineCrashed, BenchmarkError) as err:
+        oom = any(e.kind == EventKind.OOM_RUNTIME for e in t.events)
+        result.outcome = Outcome.OOM_RUNTIME if oom else Outcome.CRASH
+        result.reason = _reason(t.events, str(err))
+    except AutotuneError as err:  # e.g. port trouble or teardown failure: infrastructure
+        result.outcome, result.reason = Outcome.CRASH, str(err)
+    result.facts.update(_event_facts(t.events, result.facts))
+    if result.score is None:
+        result.score = score(result.outcome, {}, workload)
+    t.timings["total_s"] = time.monotonic() - t0
+    result.timings = t.timings
+    _write_json(spec.trial_dir / "outcome.json", _outcome_record(result))
+    return result
+
+
+def _event_facts(events: list[LogEvent], facts: Mapping[str, Any]) -> dict[str, Any]:
+    """Facts readable from the log even when the trial failed (KV size before an OOM ...)."""
+    out: dict[str, Any] = {}
+    for event in events:
+        if event.kind == EventKind.KV_CAPACITY:
+            out.setdefault("kv_tokens", event.data.get("kv_tokens"))
+            if event.data.get("max_concurrency") is not None:
+                out.setdefault("max_concurrency", event.data.get("max_concurrency"))
+        elif event.kind == EventKind.VERSION:
+            out.setdefault("engine_version", event.data.get("version"))
+    return {k: v for k, v in out.items() if k not in facts and v is not None}
+
+
+def _outcome_record(result: TrialResult) -> dict[str, Any]:
+    record = asdict(result)
+    record.update(schema_version=SCHEMA_VERSION, autotune_version=__version__, outcome=str(result.outcome))
+    return record
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")

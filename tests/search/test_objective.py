@@ -1,0 +1,39 @@
+"""Scoring: failures never look good; SLO violations are constraints, not hidden values."""
+
+from autotune.config import Workload, parse_model
+from autotune.outcomes import Outcome
+from autotune.search.objective import FAILED_VIOLATION, is_feasible, score
+
+WL = parse_model(Workload, {"slos": {"p95_ttft_ms": 1000}, "max_error_rate": 0.01}, "t")
+
+
+def test_served_within_slo_is_feasible() -> None:
+    s = score(Outcome.OK, {"output_throughput": 1500.0, "p95_ttft_ms": 800.0, "error_rate": 0.0}, WL)
+    assert s.value == 1500.0 and not s.violations
+    assert is_feasible("ok", s.constraints)
+
+
+def test_slo_violation_is_a_positive_constraint() -> None:
+    s = score(Outcome.OK, {"output_throughput": 3000.0, "p95_ttft_ms": 1500.0, "error_rate": 0.0}, WL)
+    assert s.violations == {"p95_ttft_ms": 0.5}
+    assert not is_feasible("slo_violation", s.constraints)
+
+
+def test_error_rate_bound() -> None:
+    s = score(Outcome.OK, {"output_throughput": 1.0, "p95_ttft_ms": 1.0, "error_rate": 0.05}, WL)
+    assert "error_rate" in s.violations
+
+
+def test_failed_trial_is_worst_and_infeasible_for_both_directions() -> None:
+    s = score(Outcome.OOM_STARTUP, {}, WL)
+    assert s.value == 0.0 and all(c == FAILED_VIOLATION for c in s.constraints)
+    wl_min = parse_model(Workload, {"objective": {"metric": "p95_ttft_ms", "direction": "minimize"}}, "t")
+    s_min = score(Outcome.KV_INSUFFICIENT, {}, wl_min)
+    # Minimising latency: a failure must score far worse than any real latency (never 0.0).
+    assert s_min.value > 1e9
+    assert not is_feasible("kv_insufficient", s_min.constraints)
+
+
+def test_missing_slo_metric_counts_as_violation() -> None:
+    s = score(Outcome.OK, {"output_throughput": 10.0}, WL)
+    assert s.violations["p95_ttft_ms"] == FAILED_VIOLATION
