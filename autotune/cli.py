@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -23,6 +24,7 @@ from autotune import __version__
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, load_yaml, parse_model
 from autotune.errors import AutotuneError, ConfigError
 from autotune.report.export import FORMATS, LaunchRecord, render
+from autotune.report.html import write_report
 from autotune.report.live import LiveProgress
 from autotune.report.table import trials_frame
 from autotune.search.storage import best_trial, default_storage_url, load_study
@@ -178,6 +180,8 @@ def tune(
         str | None, typer.Option(help="Optuna storage URL (default: SQLite in results/<study>/).")
     ] = None,
     results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
+    method: Annotated[str, typer.Option(help="staged (the articles' method) | search (plain Optuna).")] = "staged",
+    memory_probe: Annotated[str, typer.Option(help="Memory-edge probe: step (0.02 steps) | bisect.")] = "step",
     sampler: Annotated[str, typer.Option(help="tpe | random.")] = "tpe",
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     startup_timeout: Annotated[float, typer.Option(help="Seconds an engine may take to become ready.")] = 600.0,
@@ -185,7 +189,10 @@ def tune(
     sim_gpu: Annotated[str, typer.Option(help="Simulator GPU preset.")] = "H100-80GB",
     sim_speedup: Annotated[float, typer.Option(help="Simulator time compression (modelled time / wall time).")] = 20.0,
 ) -> None:
-    """Create or resume a study: baseline, Optuna search, then validation of the finalists."""
+    """Create or resume a study: baseline, the tuning stages (or a plain search), then validation.
+
+    Re-running the same command resumes the study where it stopped."""
+    _terminate_as_interrupt()
     try:
         settings = _engine_settings(
             engine,
@@ -217,6 +224,8 @@ def tune(
                     "validation_runs": validation_runs,
                     "sampler": sampler,
                     "seed": seed,
+                    "method": method,
+                    "memory_probe": memory_probe,
                 },
                 "tune options",
             ),
@@ -228,12 +237,78 @@ def tune(
     except KeyboardInterrupt:
         err_console.print("interrupted: engine torn down, study saved; run the same command to resume")
         raise typer.Exit(130) from None
+    if method == "memory":
+        return
     if best is None:
         console.print("no trial met the SLOs; see `autotune status` for what failed and why")
         raise typer.Exit(1)
     _print_best(best, settings.simulated)
     path = _export_trial(job.study.name, best, "bash", None, settings.model_dump())
     console.print(f"launch script: {path}")
+
+
+@app.command("probe-memory")
+def probe_memory(
+    study: Annotated[str, typer.Option("--study", "-s", help="Study name; the same name resumes it.")] = "memory",
+    engine: Annotated[str, typer.Option(help="vllm | sglang | sim | sim-sglang.")] = "sim",
+    model: Annotated[str | None, typer.Option(help="Model path or name.")] = None,
+    python: Annotated[str | None, typer.Option(help="The engine venv's Python.")] = None,
+    command: Annotated[str | None, typer.Option(help="Full launch command before the flags.")] = None,
+    space: Annotated[str | None, typer.Option(help="Search space holding memory_fraction.")] = None,
+    workload: Annotated[str, typer.Option(help="Workload whose peak shape loads each probe.")] = "chat",
+    probes: Annotated[int, typer.Option(min=1, help="Most engine launches to spend.")] = 8,
+    memory_probe: Annotated[str, typer.Option(help="step (0.02 steps up to failure) | bisect.")] = "step",
+    fixed: Annotated[list[str] | None, typer.Option(help="KEY=VALUE flag set on every probe.")] = None,
+    env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE environment for the engine.")] = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
+    results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
+    sim_gpu: Annotated[str, typer.Option(help="Simulator GPU preset.")] = "H100-80GB",
+    sim_speedup: Annotated[float, typer.Option(help="Simulator time compression.")] = 20.0,
+) -> None:
+    """Only the memory edge: the highest memory fraction that survives the workload's peak load."""
+    tune(
+        study=study,
+        engine=engine,
+        model=model,
+        python=python,
+        command=command,
+        space=space,
+        workload=workload,
+        trials=probes,
+        time_budget=None,
+        repeats=1,
+        finalists=0,
+        validation_runs=0,
+        fixed=fixed,
+        env=env,
+        storage=storage,
+        results=results,
+        method="memory",
+        memory_probe=memory_probe,
+        sampler="tpe",
+        seed=None,
+        startup_timeout=600.0,
+        api_key_env=None,
+        sim_gpu=sim_gpu,
+        sim_speedup=sim_speedup,
+    )
+    st = _open_existing(study, storage, results)
+    state = st.user_attrs.get("stage.memory_edge") or {}
+    if state.get("skipped"):
+        console.print(f"memory edge: skipped — {state['skipped']}")
+        raise typer.Exit(1)
+    console.print(f"memory edge: {state.get('edge')} ({state.get('note', '')})")
+    console.print("probes: " + ", ".join(f"{k} {v}" for k, v in sorted((state.get("results") or {}).items())))
+
+
+def _terminate_as_interrupt() -> None:
+    """SIGTERM/SIGHUP (kill, a closed terminal) take the Ctrl-C path: engines torn down, study kept."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
 
 
 def _print_best(best: optuna.trial.FrozenTrial, simulated: bool) -> None:
@@ -384,6 +459,24 @@ def _cell(value: Any) -> str:
     if value is None or (isinstance(value, float) and value != value):  # None or NaN
         return ""
     return f"{value:,.1f}" if isinstance(value, float) else str(value)
+
+
+@app.command()
+def report(
+    study: Annotated[str, typer.Argument(help="Study name.")] = "demo",
+    results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
+    open_page: Annotated[bool, typer.Option("--open", help="Open the HTML report in the default browser.")] = False,
+) -> None:
+    """Write results/<study>/report.html (interactive plots, opens offline) and report.md (to paste)."""
+    try:
+        html_path, md_path = write_report(_open_existing(study, storage, results), results / study)
+    except AutotuneError as err:
+        raise _fail(err) from None
+    for path in (html_path, md_path):
+        console.print(str(path), soft_wrap=True, markup=False, highlight=False)
+    if open_page:
+        typer.launch(html_path.resolve().as_uri())
 
 
 @app.command("make-tiny-model")

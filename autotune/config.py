@@ -267,3 +267,10 @@ class StudySettings(StrictModel):
     sampler: Literal["tpe", "random"] = "tpe"
     seed: int | None = None
     baseline: bool = Field(default=True, description="Run the engine's defaults first.")
+    method: Literal["staged", "search", "memory"] = Field(
+        default="staged",
+        description="staged: the articles' methodology; search: plain Optuna over the space; memory: the edge only.",
+    )
+    memory_probe: Literal["step", "bisect"] = Field(
+        default="step", description="Memory-edge probe: 0.02 steps up to failure, or bisection (fewer launches)."
+    )

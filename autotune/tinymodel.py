@@ -22,6 +22,7 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 VOCAB_SIZE = 2048
 MAX_POSITIONS = 4096
@@ -69,7 +70,18 @@ jump quickly. Numbers such as 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 32, 64, 128,
 and 2048 appear in configuration files, along with words like true, false, none and auto.
 """
 
-_WORDS = ["the", "a", "an", "of", "to", "in", "on", "for", "with", "by", "from", "at", "as", "is", "are", "was", "were", "be", "been", "model", "token", "tokens", "request", "requests", "batch", "batches", "memory", "cache", "block", "blocks", "engine", "server", "client", "latency", "throughput", "prompt", "output", "input", "decode", "prefill", "graph", "graphs", "schedule", "scheduler", "queue", "wait", "running", "preempt", "prefix", "chunk", "chunked", "length", "context", "window", "fraction", "budget", "device", "host", "time", "first", "last", "next", "step", "steps", "rate", "second", "seconds", "minute", "hour", "day", "night", "tune", "tuning", "search", "trial", "trials", "study", "sample", "value", "values", "best", "worst", "median", "mean", "percentile", "spread", "fast", "slow", "large", "small", "short", "long", "high", "low", "more", "less", "many", "few", "every", "each", "some", "all", "none", "open", "close", "start", "stop", "ready", "health", "metric", "metrics", "counter", "gauge", "histogram", "bucket", "label"]
+# A small lexicon for the generated sentences, so common words get their own tokens.
+_LEXICON = """
+the a an of to in on for with by from at as is are was were be been model token tokens request
+requests batch batches memory cache block blocks engine server client latency throughput prompt
+output input decode prefill graph graphs schedule scheduler queue wait running preempt prefix chunk
+chunked length context window fraction budget device host time first last next step steps rate
+second seconds minute hour day night tune tuning search trial trials study sample value values best
+worst median mean percentile spread fast slow large small short long high low more less many few
+every each some all none open close start stop ready health metric metrics counter gauge histogram
+bucket label
+"""
+_WORDS = _LEXICON.split()
 
 
 def corpus_lines(seed: int, n_sentences: int = 4000) -> list[str]:
@@ -84,7 +96,7 @@ def corpus_lines(seed: int, n_sentences: int = 4000) -> list[str]:
     return lines
 
 
-def build_tokenizer(seed: int):  # type: ignore[no-untyped-def]  # transformers is untyped here
+def build_tokenizer(seed: int) -> Any:
     """Train a byte-level BPE on the corpus and wrap it as a transformers fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -110,7 +122,7 @@ def build_tokenizer(seed: int):  # type: ignore[no-untyped-def]  # transformers 
     return fast
 
 
-def build_model(tokenizer, seed: int):  # type: ignore[no-untyped-def]
+def build_model(tokenizer: Any, seed: int) -> Any:
     """A seeded 2-layer Llama sized to the tokenizer, cast to bfloat16."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -135,6 +147,9 @@ def build_model(tokenizer, seed: int):  # type: ignore[no-untyped-def]
 
 def write_model(out_dir: Path, seed: int) -> None:
     """Write config, weights, tokenizer and chat template into ``out_dir``, marker file last."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the save bars are noise in setup logs
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(seed)
     model = build_model(tokenizer, seed)

@@ -1,0 +1,48 @@
+"""The load generator, its metrics and Prometheus scraping.
+
+``run_workload`` drives a :class:`~autotune.config.Workload` against an OpenAI-compatible server
+with ``vllm bench serve``'s exact semantics (arrivals, timing, metric definitions, JSON keys);
+``prometheus`` reads engine-side counters around a run. Nothing here imports the engine or the
+search layer.
+"""
+
+from __future__ import annotations
+
+from autotune.bench import prometheus
+from autotune.bench.arrivals import arrival_offsets
+from autotune.bench.loadgen import (
+    BenchProgress,
+    BenchResult,
+    ClientCheck,
+    make_client,
+    run_workload,
+    run_workload_sync,
+)
+from autotune.bench.metrics import (
+    DEFAULT_PERCENTILES,
+    RequestRecord,
+    compute_metrics,
+    request_slos,
+    slo_violations,
+)
+from autotune.bench.prompts import Prompt, PromptSet, ServerTokenizer, build_prompts
+
+__all__ = [
+    "DEFAULT_PERCENTILES",
+    "BenchProgress",
+    "BenchResult",
+    "ClientCheck",
+    "Prompt",
+    "PromptSet",
+    "RequestRecord",
+    "ServerTokenizer",
+    "arrival_offsets",
+    "build_prompts",
+    "compute_metrics",
+    "make_client",
+    "prometheus",
+    "request_slos",
+    "run_workload",
+    "run_workload_sync",
+    "slo_violations",
+]

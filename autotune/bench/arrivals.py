@@ -44,8 +44,9 @@ def arrival_offsets(n: int, request_rate: float, burstiness: float, rng: np.rand
         gaps = np.full(n, 1.0 / request_rate)
     else:
         gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
-    offsets = np.cumsum(gaps)
+    offsets: np.ndarray = np.cumsum(gaps)
     if offsets[-1] == 0:  # vLLM skips the rescale in this (practically impossible) case too
         return offsets
     # vLLM rescales so the last send lands on N/rate (a raw sum is 1-2 % off, seed-dependent).
-    return offsets * ((n / request_rate) / offsets[-1])
+    scaled: np.ndarray = offsets * ((n / request_rate) / offsets[-1])
+    return scaled

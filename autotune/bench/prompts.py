@@ -247,12 +247,11 @@ class _TokenSource:
         head = np.take(self._ids, np.arange(start, start + SEGMENT_TOKENS), mode="wrap")
         k = math.ceil(max(0, n - SEGMENT_TOKENS) / SEGMENT_TOKENS)
         picks = rng.integers(0, len(self._segments), size=k)
-        return np.concatenate([head, self._segments[picks].ravel()])[:n].tolist()
+        ids: list[int] = np.concatenate([head, self._segments[picks].ravel()])[:n].tolist()
+        return ids
 
 
-async def _align_text(
-    tokenizer: ServerTokenizer, ids: list[int], reserve: list[int], target: int
-) -> tuple[str, int]:
+async def _align_text(tokenizer: ServerTokenizer, ids: list[int], reserve: list[int], target: int) -> tuple[str, int]:
     """Decode ``ids`` and fix the tail until the text re-tokenizes to ``target`` tokens.
 
     Returns:

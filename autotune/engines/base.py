@@ -34,12 +34,16 @@ from autotune.errors import InvalidFlags
 from autotune.outcomes import Outcome
 
 __all__ = [
+    "STARTUP_FATAL",
     "EngineAdapter",
     "EventKind",
     "FlagSet",
     "LaunchSpec",
     "LogEvent",
     "canonical_flag",
+    "parse_help_flags",
+    "samples_named",
+    "split_sample_key",
 ]
 
 
@@ -117,17 +121,77 @@ def canonical_flag(name: str) -> str:
 
 
 _LONG_OPTION = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)")
+# argparse indents declarations by 2 (a little more in nested groups) and help prose at the help
+# column (24 by default); prose lines may start with a flag, declarations never sit that deep.
+_MAX_DECLARATION_INDENT = 6
 
 
 def parse_help_flags(help_text: str) -> frozenset[str]:
-    """Every ``--long-option`` an argparse help text declares (``--x`` / ``--no-x`` both kept)."""
+    """Every ``--long-option`` an argparse help text declares (``--x`` / ``--no-x`` both kept).
+
+    Reads both the ``usage:`` block (which lists every option, even where the engine prints
+    only some groups' details, as vLLM's plain ``--help`` does) and the indented declaration
+    lines; help prose that mentions flags is ignored.
+    """
     found: set[str] = set()
+    in_usage = False
     for line in help_text.splitlines():
+        if line.startswith("usage:"):
+            in_usage = True
+        elif not line.strip():
+            in_usage = False
         stripped = line.lstrip()
-        # Option declarations start the line (after indentation); prose mentioning flags does not.
-        if stripped.startswith("-"):
-            found.update(_LONG_OPTION.findall(stripped.split("  ")[0]))
+        if in_usage:
+            found.update(_LONG_OPTION.findall(line))
+        elif stripped.startswith("-") and len(line) - len(stripped) <= _MAX_DECLARATION_INDENT:
+            # The declaration ends where the help text starts (two or more spaces).
+            found.update(_declared_options(stripped.split("  ")[0]))
     return frozenset(found)
+
+
+_OPTION = re.compile(r"--[a-z0-9][a-z0-9-]*")
+_METAVAR_START = re.compile(r"[A-Z{\[<]")
+
+
+def _declared_options(declaration: str) -> list[str]:
+    """Long options of one declaration such as ``--port PORT, -p PORT`` or ``--x, --no-x``.
+
+    Each comma-separated item must be an option optionally followed by a metavar; this keeps
+    out example lines of an epilog (``--json-arg.key1 value1``, ``--json-arg '{...}'``).
+    """
+    options = []
+    for item in declaration.split(", "):
+        tokens = item.split(" ", 2)
+        if _OPTION.fullmatch(tokens[0]) and (len(tokens) == 1 or _METAVAR_START.match(tokens[1])):
+            options.append(tokens[0])
+    return options
+
+
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_LABEL_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def split_sample_key(key: str) -> tuple[str, dict[str, str]]:
+    """Split a flat ``/metrics`` sample key into its name and labels.
+
+    Example:
+        ``split_sample_key('vllm:cache_config_info{block_size="128",engine="0"}')`` gives
+        ``("vllm:cache_config_info", {"block_size": "128", "engine": "0"})``.
+    """
+    name, brace, rest = key.partition("{")
+    if not brace:
+        return key, {}
+    return name, {k: re.sub(r'\\[\\"n]', lambda m: _LABEL_ESCAPES[m.group(0)], v) for k, v in _LABEL.findall(rest)}
+
+
+def samples_named(samples: Mapping[str, float], name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of metric ``name`` (any labels) as ``(labels, value)`` pairs."""
+    out = []
+    for key, value in samples.items():
+        sample_name, labels = split_sample_key(key)
+        if sample_name == name:
+            out.append((labels, value))
+    return out
 
 
 class EngineAdapter(ABC):

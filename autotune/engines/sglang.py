@@ -27,17 +27,19 @@ import statistics
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import httpx
 
 from autotune.config import EngineSettings
-from autotune.engines.base import EngineAdapter, EventKind, FlagSet, LaunchSpec, LogEvent
+from autotune.engines.base import EngineAdapter, EventKind, FlagSet, LaunchSpec, LogEvent, samples_named
 from autotune.errors import EngineError, InvalidFlags
 from autotune.outcomes import Outcome
 
 __all__ = [
     "FLAG_CHANGES",
+    "LAUNCH_ENV",
     "FlagChange",
     "SglangAdapter",
     "has_new_flag_set",
@@ -49,6 +51,18 @@ log = logging.getLogger(__name__)
 # A flag only the new (0.5.23+) flag set has; its presence in --help identifies that flag set.
 NEW_FLAG_SET_MARKER = "--cuda-graph-max-bs-decode"
 TOO_HIGH, TOO_LOW = "too_high", "too_low"
+
+#: Added to every launch (the user's ``engine.env`` wins): unbuffered output, so a fatal line
+#: reaches the supervisor when it is written, not when a buffer fills.
+LAUNCH_ENV: Mapping[str, str] = MappingProxyType({"PYTHONUNBUFFERED": "1"})
+
+# The tuner chooses these per trial; a user value would start every trial on the same port.
+_OWNED_FLAGS = {
+    "--host": "the bind address comes from engine.host",
+    "--port": "each trial gets a free port",
+    "--model-path": "the model comes from engine.model",
+    "--model": "the model comes from engine.model",
+}
 
 
 # ------------------------------------------------------------------------------- version drift
@@ -127,7 +141,7 @@ _NUM = r"(-?\d+(?:\.\d+)?)"
 _SERVER_ARGS = re.compile(r"server_args=(.+)$")
 _KV_ALLOCATED = re.compile(r"KV Cache is (?:allocated|VA upper bound)\.")
 _KV_TOKENS = re.compile(r"#tokens: (\d+)")
-_KV_SIZES = re.compile(r"\b(K|V|KV) size: ([\d.]+) GB")
+_KV_SIZES = re.compile(r"\b(K|V|KV) size: (\d+(?:\.\d+)?) GB")
 _KV_DTYPE = re.compile(r"dtype: ([\w.]+)")
 _KV_SUMMARY = re.compile(r"\bmax_total_num_tokens=\d+")
 _KEY_VALUE = re.compile(r"\b(\w+)=" + _NUM)
@@ -138,30 +152,30 @@ _CAPTURE = re.compile(
 )
 _CAPTURE_FAILED = re.compile(r"Capture cuda graph failed", re.IGNORECASE)
 _PREFILL_GRAPH_FAILED = re.compile(r"Fail when using backend: (\w+) for prefill runner")
-_ELAPSED = re.compile(r"(?:elapsed=|Time elapsed: )([\d.]+) ?s")
-_MEM_USAGE = re.compile(r"mem usage=([\d.]+) GB")
-_AVAIL_MEM = re.compile(r"avail mem=([\d.]+) GB")
+_ELAPSED = re.compile(r"(?:elapsed=|Time elapsed: )(\d+(?:\.\d+)?) ?s")
+_MEM_USAGE = re.compile(r"mem usage=(\d+(?:\.\d+)?) GB")
+_AVAIL_MEM = re.compile(r"avail mem=(\d+(?:\.\d+)?) GB")
 _CAPTURED_BS = re.compile(r"\bbs=\[([\d, ]*)\]")
 _READY = re.compile(r"The server is fired up and ready to roll")
 _DECODE = re.compile(r"Decode batch[.,]")
 _RUNNING = re.compile(r"#running-req: (\d+)")
 _USED_TOKENS = re.compile(r"#(?:full )?token: (\d+)")
-_TOKEN_USAGE = re.compile(r"token usage: ([\d.]+)")
+_TOKEN_USAGE = re.compile(r"token usage: (\d+(?:\.\d+)?)")
 _CUDA_GRAPH = re.compile(r"cuda graph: (True|False)")
-_GEN_THROUGHPUT = re.compile(r"gen throughput \(token/s\): ([\d.]+)")
+_GEN_THROUGHPUT = re.compile(r"gen throughput \(token/s\): (\d+(?:\.\d+)?)")
 _QUEUE = re.compile(r"#queue-req: (\d+)")
-_ACCEPT_LEN = re.compile(r"accept len: ([\d.]+)")
+_ACCEPT_LEN = re.compile(r"accept len: (\d+(?:\.\d+)?)")
 _RETRACT = re.compile(r"KV cache pool is full\. Retract requests\.")
 _RETRACTED = re.compile(r"#retracted_reqs: (\d+)")
 _TOKENS_GAINED = re.compile(r"#new_tokens_gained: (\d+)")
-_RATIO = re.compile(r"#new_token_ratio: ([\d.]+) -> ([\d.]+)")
+_RATIO = re.compile(r"#new_token_ratio: (\d+(?:\.\d+)?) -> (\d+(?:\.\d+)?)")
 _ABORTED = re.compile(r"retract_decode: aborted (?:last )?request (\S+?):?(?:\s|$)")
 _WEIGHTS_LEAVE_NO_KV = re.compile(
-    r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=([\d.]+)"
+    r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(\d+(?:\.\d+)?)"
 )
-_RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above ([\d.]+)")
+_RAISE_ABOVE = re.compile(r"Raise --mem-fraction-static above (\d+(?:\.\d+)?)")
 _NOT_ENOUGH = re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static")
-_CURRENT_FRACTION = re.compile(r"mem_fraction_static=([\d.]+)")
+_CURRENT_FRACTION = re.compile(r"mem_fraction_static=(\d+(?:\.\d+)?)")
 _STATE_CACHE_SMALL = re.compile(r"state cache is too small to serve any requests")
 _CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")
 _ARGPARSE = re.compile(
@@ -394,12 +408,12 @@ def _startup_event(line: str) -> LogEvent | None:
 # ---------------------------------------------------------------------------------- metrics
 def _metric_sum(samples: Mapping[str, float], name: str) -> float | None:
     """Sum a metric over all its label sets (TP ranks, DP ranks ...); None when absent."""
-    values = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+    values = [v for _, v in samples_named(samples, name)]
     return sum(values) if values else None
 
 
 def _metric_max(samples: Mapping[str, float], name: str) -> float | None:
-    values = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+    values = [v for _, v in samples_named(samples, name)]
     return max(values) if values else None
 
 
@@ -407,7 +421,9 @@ def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -
     end = _metric_sum(after, name)
     if end is None:
         return None
-    return end - (_metric_sum(before, name) or 0.0)
+    start = _metric_sum(before, name) or 0.0
+    # A smaller value means the counter restarted (a new engine): count from zero.
+    return end if end < start else end - start
 
 
 # ----------------------------------------------------------------------------- server info
@@ -450,17 +466,36 @@ class SglangAdapter(EngineAdapter):
 
     name: ClassVar[str] = "sglang"
     default_module: ClassVar[str] = "sglang.launch_server"
-    knobs: ClassVar[Mapping[str, str]] = {
-        "memory_fraction": "--mem-fraction-static",
-        "max_running": "--max-running-requests",
-        "batched_tokens": "--chunked-prefill-size",
-        "context_len": "--context-length",
-        "cuda_graph_max_bs": NEW_FLAG_SET_MARKER,
-    }
-    #: Knobs whose flag differs between SGLang versions: spellings, newest first.
-    knob_spellings: ClassVar[Mapping[str, tuple[str, ...]]] = {
-        "cuda_graph_max_bs": (NEW_FLAG_SET_MARKER, "--cuda-graph-max-bs"),
-    }
+    #: Portable knob → flag on the newest SGLang; see ``knob_spellings`` for older versions.
+    knobs: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {
+            "memory_fraction": "--mem-fraction-static",
+            "max_running": "--max-running-requests",
+            "batched_tokens": "--chunked-prefill-size",
+            "context_len": "--context-length",
+            "cuda_graph_max_bs": NEW_FLAG_SET_MARKER,
+            "block_size": "--page-size",
+            "kv_cache_dtype": "--kv-cache-dtype",
+            "prefix_caching": "--disable-radix-cache",  # inverted: prefix_caching=False disables it
+            "enforce_eager": "--disable-decode-cuda-graph",  # with --disable-prefill-cuda-graph
+            "tensor_parallel": "--tp-size",
+            "pipeline_parallel": "--pp-size",
+            "scheduling_policy": "--schedule-policy",
+        }
+    )
+    #: Knobs whose flags differ between versions: alternatives, newest first. Every flag of the
+    #: first alternative the installed SGLang has gets the knob's value.
+    knob_spellings: ClassVar[Mapping[str, tuple[tuple[str, ...], ...]]] = MappingProxyType(
+        {
+            "cuda_graph_max_bs": ((NEW_FLAG_SET_MARKER,), ("--cuda-graph-max-bs",)),
+            "enforce_eager": (
+                ("--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"),
+                ("--disable-cuda-graph",),
+            ),
+        }
+    )
+    #: Knobs whose SGLang flag means the opposite (SGLang has prefix caching on by default).
+    inverted_knobs: ClassVar[frozenset[str]] = frozenset({"prefix_caching"})
     #: Liveness after readiness. /health runs a real one-token generation, so a hung scheduler
     #: shows as 503 (within SGLANG_HEALTH_CHECK_TIMEOUT); it exists in every version.
     health_path: ClassVar[str] = "/health"
@@ -508,19 +543,24 @@ class SglangAdapter(EngineAdapter):
         out: dict[str, Any] = {}
         origin: dict[str, str] = {}
         for key, value in params.items():
-            flag = self._knob_flag(key, known) if key in self.knobs else self._raw_flag(key, known)
-            if flag in out:
-                raise InvalidFlags(f"{origin[flag]!r} and {key!r} both set {flag}; keep one of them")
-            out[flag], origin[flag] = value, key
+            pairs = self._knob_flags(key, value, known) if key in self.knobs else {self._raw_flag(key, known): value}
+            for flag, flag_value in pairs.items():
+                if flag in out:
+                    raise InvalidFlags(f"{origin[flag]!r} and {key!r} both set {flag}; keep one of them")
+                out[flag], origin[flag] = flag_value, key
         return out
 
-    def _knob_flag(self, knob: str, known: FlagSet) -> str:
-        spellings = self.knob_spellings.get(knob, (self.knobs[knob],))
-        for flag in spellings:
-            if flag in known:
-                return flag
+    def _knob_flags(self, knob: str, value: Any, known: FlagSet) -> dict[str, Any]:
+        """The installed version's flag(s) for one knob, with the value in SGLang's sense."""
+        if knob in self.inverted_knobs and value is not None:
+            value = not value
+        alternatives = self.knob_spellings.get(knob, ((self.knobs[knob],),))
+        for flags in alternatives:
+            if all(flag in known for flag in flags):
+                return dict.fromkeys(flags, value)
+        looked_for = ", ".join(" + ".join(flags) for flags in alternatives)
         raise InvalidFlags(
-            f"the installed SGLang has no flag for knob {knob} (looked for {', '.join(spellings)}); "
+            f"the installed SGLang has no flag for knob {knob} (looked for {looked_for}); "
             "check engine.python / engine.command"
         )
 
@@ -568,24 +608,28 @@ class SglangAdapter(EngineAdapter):
 
     # ---------------------------------------------------------------------------- launch
     def build_launch(self, flags: Mapping[str, Any], port: int) -> LaunchSpec:
-        """argv for one trial: model, host, port, ``--enable-metrics`` (for /metrics deltas), flags.
+        """argv: launch prefix, model, host, port, ``--enable-metrics`` (SGLang serves /metrics
+        only with it), then ``engine.fixed_flags`` and ``flags`` (``flags`` win).
 
         Readiness is polled on ``/ready`` where the flag set is the 0.5.23+ one (cheap, 200 once
         warm-up succeeded); older versions are polled on ``/health``, which is 503 until warm-up.
+
+        Raises:
+            InvalidFlags: When the flags set the model, host or port (the tuner owns them).
         """
         known = self.discover_flags()
-        flags = dict(flags)
-        argv = self.launch_prefix()
-        if not ({"--model-path", "--model"} & flags.keys()):
-            argv += ["--model-path", self.settings.model]
-        argv += ["--host", self.settings.host, "--port", str(port)]
-        if "--enable-metrics" in known and "--enable-metrics" not in flags:
+        merged = {**self.to_flags(self.settings.fixed_flags), **flags}
+        for flag, why in _OWNED_FLAGS.items():
+            if flag in merged:
+                raise InvalidFlags(f"{flag} cannot be tuned or fixed ({why}); remove it from the flags")
+        host = self.settings.host
+        argv = [*self.launch_prefix(), "--model-path", self.settings.model, "--host", host, "--port", str(port)]
+        if "--enable-metrics" in known and "--enable-metrics" not in merged:
             argv.append("--enable-metrics")
-        for owned in ("--host", "--port"):
-            flags.pop(owned, None)  # the tuner owns the address: one engine per free port
-        argv += self.render_flags(flags)
+        argv += self.render_flags(merged)
         ready_path = "/ready" if has_new_flag_set(known) else "/health"
-        return LaunchSpec(argv, dict(self.settings.env), self.settings.host, port, ready_path)
+        env = {**LAUNCH_ENV, **self.settings.env}
+        return LaunchSpec(argv=argv, env=env, host=host, port=port, ready_path=ready_path)
 
     # ------------------------------------------------------------------------- observing
     def parse_log_line(self, line: str) -> LogEvent | None:
@@ -653,14 +697,15 @@ class SglangAdapter(EngineAdapter):
         ``graph_gib``, ``preemptions`` (= ``retractions``: counter delta, else the sum over
         retraction warnings), ``retraction_warnings``, ``token_usage_peak``,
         ``token_usage_mean``, ``cuda_graph_false_share``, ``queue_peak``, ``running_peak``,
-        ``gen_throughput_mean``, ``decode_logs``, ``cache_hit_rate``, ``aborted_requests``,
-        ``kv_below_context``, ``resolved_args``, ``engine_version``.
+        ``gen_throughput_mean``, ``decode_logs``, ``cache_hit_rate``, ``prompt_tokens``,
+        ``generation_tokens``, ``cached_tokens``, ``aborted_requests``, ``kv_below_context``,
+        ``resolved_knobs`` (what SGLang's auto defaults resolved to), ``engine_version``.
         """
         facts: dict[str, Any] = {}
         facts.update(_startup_facts(events))
         facts.update(_decode_facts([e.data for e in events if e.kind == EventKind.DECODE_BATCH]))
         facts.update(_retraction_facts(events, before, after))
-        facts.update(_cache_facts(before, after))
+        facts.update(_counter_facts(before, after))
         if "kv_tokens" not in facts:
             kv = _metric_max(after, "sglang:max_total_num_tokens")
             if kv is not None:
@@ -729,22 +774,26 @@ def _retraction_facts(
     counted = _delta(before, after, "sglang:num_retracted_requests_total")
     from_log = sum(e.data.get("retracted") or 1 for e in warnings)
     retractions = int(counted) if counted is not None else from_log
-    facts: dict[str, Any] = {
-        "retractions": retractions,
-        "preemptions": retractions,
-        "retraction_warnings": len(warnings),
-    }
-    aborted = _delta(before, after, "sglang:num_aborted_requests_total")
-    if aborted is not None:
-        facts["aborted_requests"] = int(aborted)
+    return {"retractions": retractions, "preemptions": retractions, "retraction_warnings": len(warnings)}
+
+
+def _counter_facts(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
+    """Token counts, aborted requests and the prefix-cache hit rate over the run."""
+    facts: dict[str, Any] = {}
+    for fact, name in (
+        ("prompt_tokens", "sglang:prompt_tokens_total"),
+        ("generation_tokens", "sglang:generation_tokens_total"),
+        ("cached_tokens", "sglang:cached_tokens_total"),
+        ("aborted_requests", "sglang:num_aborted_requests_total"),
+    ):
+        delta = _delta(before, after, name)
+        if delta is not None:
+            facts[fact] = int(delta)
+    if facts.get("prompt_tokens") and "cached_tokens" in facts:
+        facts["cache_hit_rate"] = round(facts["cached_tokens"] / facts["prompt_tokens"], 4)
+    else:
+        # SGLang's own gauge (a recent-window rate) when the token counters are missing.
+        gauge = _metric_max(after, "sglang:cache_hit_rate")
+        if gauge is not None:
+            facts["cache_hit_rate"] = gauge
     return facts
-
-
-def _cache_facts(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
-    """Prefix-cache hit rate over the run (token counters), else SGLang's own gauge."""
-    prompt = _delta(before, after, "sglang:prompt_tokens_total")
-    cached = _delta(before, after, "sglang:cached_tokens_total")
-    if prompt and cached is not None:
-        return {"cache_hit_rate": round(cached / prompt, 4)}
-    gauge = _metric_max(after, "sglang:cache_hit_rate")
-    return {"cache_hit_rate": gauge} if gauge is not None else {}

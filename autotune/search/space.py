@@ -5,10 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 
 from autotune.config import BoolParam, CategoricalParam, FloatParam, IntParam, Param, SearchSpace
 
-__all__ = ["active", "suggest"]
+__all__ = ["active", "distribution", "suggest", "suggest_param"]
 
 
 def active(param: Param, chosen: dict[str, Any]) -> bool:
@@ -16,7 +22,19 @@ def active(param: Param, chosen: dict[str, Any]) -> bool:
     return all(chosen.get(name) == value for name, value in (param.condition or {}).items())
 
 
-def _suggest_one(trial: optuna.Trial, name: str, param: Param) -> Any:
+def distribution(param: Param) -> BaseDistribution:
+    """The Optuna distribution a parameter samples from (to check a value fits the space)."""
+    if isinstance(param, FloatParam):
+        return FloatDistribution(param.low, param.high, step=param.step, log=param.log)
+    if isinstance(param, IntParam):
+        return IntDistribution(param.low, param.high, step=param.step, log=param.log)
+    if isinstance(param, CategoricalParam):
+        return CategoricalDistribution(param.choices)
+    return CategoricalDistribution([False, True])
+
+
+def suggest_param(trial: optuna.Trial, name: str, param: Param) -> Any:
+    """Sample one parameter (or read its enqueued value) and record its distribution."""
     if isinstance(param, FloatParam):
         return trial.suggest_float(name, param.low, param.high, step=param.step, log=param.log)
     if isinstance(param, IntParam):
@@ -40,5 +58,5 @@ def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
         for name in ready:
             param = pending.pop(name)
             if active(param, chosen):
-                chosen[name] = _suggest_one(trial, name, param)
+                chosen[name] = suggest_param(trial, name, param)
     return chosen

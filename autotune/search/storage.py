@@ -55,9 +55,7 @@ def _redact(url: str) -> str:
     return url
 
 
-def open_study(
-    name: str, storage_url: str, *, direction: str, sampler: optuna.samplers.BaseSampler
-) -> optuna.Study:
+def open_study(name: str, storage_url: str, *, direction: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
     """Create the study, or load it when it exists (checking it optimises the same way)."""
     if storage_url.startswith("sqlite:///"):
         Path(storage_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,688 @@
+"""The load generator: drive a :class:`~autotune.config.Workload` against an OpenAI-compatible server.
+
+A run mirrors ``vllm bench serve``: warm-up requests first (excluded), then one task per request
+released on the precomputed arrival schedule and gated by a semaphore when the workload caps
+concurrency; the duration runs from just before the first dispatch to after the last request.
+Metric definitions live in :mod:`autotune.bench.metrics`, per-request timing in
+:mod:`autotune.bench.stream`, prompt construction in :mod:`autotune.bench.prompts`.
+
+The client must not be the bottleneck, so it uses one shared ``httpx.AsyncClient`` without a
+connection cap (httpx's default of 100 silently caps concurrency), pre-serialized bodies, no
+tokenizer on the hot path, and a frozen GC heap during the run (as vLLM does). It then checks
+itself: a run whose event loop lagged, whose sends fell behind the schedule, or whose loop
+thread was CPU-bound is flagged ``client_limited`` with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import resource
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from time import perf_counter
+from typing import Any
+
+import httpx
+import numpy as np
+
+from autotune.bench.arrivals import arrival_offsets
+from autotune.bench.metrics import (
+    DEFAULT_PERCENTILES,
+    RequestRecord,
+    compute_metrics,
+    latency_stats,
+    request_slos,
+)
+from autotune.bench.prompts import Prompt, PromptFormat, PromptSet, ServerTokenizer, build_prompts
+from autotune.bench.stream import LiveCounters, stream_request
+from autotune.config import LATENCY_KEY, Workload
+from autotune.errors import BenchmarkError
+
+__all__ = [
+    "BenchProgress",
+    "BenchResult",
+    "ClientCheck",
+    "make_client",
+    "run_workload",
+    "run_workload_sync",
+]
+
+SCHEMA_VERSION = 1
+# Self-check thresholds. A lag of a few ms shifts every timestamp the client takes by that much,
+# which is already a large error on a GPU's 10-30 ms decode step (bench-clients.md §6).
+SCHEDULE_LAG_P99_LIMIT_S = 0.005
+LOOP_LAG_P99_LIMIT_S = 0.005
+CPU_SHARE_LIMIT = 0.90  # of one core: the event loop is single-threaded
+LOOP_PROBE_INTERVAL_S = 0.01
+PROGRESS_INTERVAL_S = 0.25
+DEADLINE_GRACE_S = 30.0
+WARMUP_STREAM = 1  # prompt stream of the warm-up requests: same shapes, different content
+
+
+@dataclass(frozen=True, slots=True)
+class BenchProgress:
+    """A progress snapshot passed to ``on_progress`` (at most every 0.25 s, and at each phase end).
+
+    Attributes:
+        phase: ``warmup`` or ``measure``.
+        completed: Requests finished (successful or not) in this phase.
+        failed: Of those, how many failed.
+        total: Requests in this phase.
+        elapsed_s: Seconds since the phase started.
+        output_throughput: Token chunks received per second so far (≈ tokens/s; exact token
+            counts arrive only with each request's final usage chunk).
+    """
+
+    phase: str
+    completed: int
+    failed: int
+    total: int
+    elapsed_s: float
+    output_throughput: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCheck:
+    """Whether the client, not the server, may have limited the run.
+
+    Attributes:
+        cpu_share: Event-loop thread CPU time over wall time during the measured run.
+        p99_schedule_lag_ms: p99 of how late requests left against their planned time
+            (meaningful for a finite request rate).
+        p99_loop_lag_ms: p99 of the event loop's wake-up delay on a 10 ms timer.
+        max_loop_lag_ms: Largest such delay.
+        limited: Any threshold crossed.
+        reason: One line naming each crossed threshold ("" when not limited).
+    """
+
+    cpu_share: float
+    p99_schedule_lag_ms: float
+    p99_loop_lag_ms: float
+    max_loop_lag_ms: float
+    limited: bool
+    reason: str
+
+
+@dataclass
+class BenchResult:
+    """The outcome of one run.
+
+    Attributes:
+        metrics: ``compute_metrics`` output (vLLM key names).
+        records: One record per measured request, in dispatch order.
+        duration_s: Dispatch + gather wall time.
+        model: Served model id used in the requests.
+        workload: The workload that was run.
+        prompt_format: ``ids`` or ``text``.
+        client: The client self-check.
+        clamped_requests: Successful requests whose ``usage.completion_tokens`` differs from
+            ``max_tokens`` (vLLM clamps silently when prompt + max_tokens exceeds the context).
+        prompt_len_mismatches: Successful completions whose ``usage.prompt_tokens`` differs from
+            the planned length.
+        prompts_off_target: Text prompts that did not re-tokenize to their planned length.
+        deadline_hit: The whole-run deadline cut the run short.
+        warmup_failed: Warm-up requests that failed.
+        max_model_len: The server's context length, when its ``/tokenize`` reported it.
+        date: Local start time, ``YYYYmmdd-HHMMSS`` as vLLM writes it.
+    """
+
+    metrics: dict[str, float | int]
+    records: list[RequestRecord]
+    duration_s: float
+    model: str
+    workload: Workload
+    prompt_format: PromptFormat
+    client: ClientCheck
+    clamped_requests: int = 0
+    prompt_len_mismatches: int = 0
+    prompts_off_target: int = 0
+    deadline_hit: bool = False
+    warmup_failed: int = 0
+    max_model_len: int | None = None
+    date: str = field(default_factory=lambda: datetime.now().strftime("%Y%m%d-%H%M%S"))
+
+    @property
+    def client_limited(self) -> bool:
+        """Whether the client may have limited the run (see :class:`ClientCheck`)."""
+        return self.client.limited
+
+    @property
+    def client_limited_reason(self) -> str:
+        return self.client.reason
+
+    def to_json(self, *, detailed: bool = False) -> dict[str, Any]:
+        """A JSON-ready dict: ``vllm bench serve``'s result keys at the top level, then ours.
+
+        NaN statistics (no successful request) are written as ``null``.
+
+        Args:
+            detailed: Add vLLM's per-request arrays (``input_lens``, ``ttfts``, ``itls``, ...).
+        """
+        w = self.workload
+        out: dict[str, Any] = {
+            "date": self.date,
+            "endpoint_type": _backend(w),
+            "backend": _backend(w),
+            "label": w.name,
+            "model_id": self.model,
+            "tokenizer_id": self.model,  # the server's own tokenizer built the prompts
+            "num_prompts": w.num_prompts,
+            "request_rate": "inf" if math.isinf(w.arrival.request_rate) else w.arrival.request_rate,
+            "burstiness": w.arrival.burstiness,
+            "max_concurrency": w.arrival.concurrency,
+            "request_goodput": None,  # vLLM writes null without --goodput; metrics overwrite it
+            **self.metrics,
+            **self._queue_stats(),
+            **self._extras(),
+        }
+        if detailed:
+            out.update(self._per_request())
+        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
+
+    def _queue_stats(self) -> dict[str, float]:
+        """vLLM's client-queue statistics, reported (as in vLLM) only with a concurrency cap."""
+        w = self.workload
+        if w.arrival.concurrency is None:
+            return {}
+        ok = [r for r in self.records if r.success]
+        ps = _percentiles(w)
+        stats = latency_stats("client_queue_time", [r.client_queue_time for r in ok], ps)
+        if not math.isinf(w.arrival.request_rate):
+            incl = [r.latency + r.client_queue_time for r in ok]
+            stats.update(latency_stats("e2el_including_client_queue", incl, ps))
+        return stats
+
+    def _extras(self) -> dict[str, Any]:
+        w, c = self.workload, self.client
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "seed": w.seed,
+            "input_len": w.dataset.input_len,
+            "output_len": w.dataset.output_len,
+            "range_ratio": w.dataset.range_ratio,
+            "prefix_len": w.dataset.prefix_len,
+            "prompt_format": self.prompt_format,
+            "warmup_requests": w.warmup_requests,
+            "warmup_failed": self.warmup_failed,
+            "clamped_requests": self.clamped_requests,
+            "prompt_len_mismatches": self.prompt_len_mismatches,
+            "prompts_off_target": self.prompts_off_target,
+            "deadline_hit": self.deadline_hit,
+            "max_model_len": self.max_model_len,
+            "client_limited": c.limited,
+            "client_limited_reason": c.reason,
+            "client_cpu_share": c.cpu_share,
+            "p99_schedule_lag_ms": c.p99_schedule_lag_ms,
+            "p99_loop_lag_ms": c.p99_loop_lag_ms,
+            "max_loop_lag_ms": c.max_loop_lag_ms,
+            "error_samples": _error_samples(self.records),
+        }
+
+    def _per_request(self) -> dict[str, list[Any]]:
+        rs = self.records
+        return {
+            "input_lens": [r.prompt_len for r in rs],
+            "output_lens": [r.output_len if r.success else 0 for r in rs],
+            "ttfts": [r.ttft for r in rs],
+            "itls": [r.itl for r in rs],
+            "latencies": [r.latency for r in rs],
+            "start_times": [r.start_time for r in rs],
+            "queue_times": [r.client_queue_time for r in rs],
+            "schedule_lags": [r.schedule_lag for r in rs],
+            "errors": [r.error for r in rs],
+        }
+
+
+def _backend(w: Workload) -> str:
+    return "openai" if w.endpoint == "completions" else "openai-chat"
+
+
+def _error_samples(records: Sequence[RequestRecord], limit: int = 5) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.error:
+            counts[r.error] = counts.get(r.error, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:limit])
+
+
+def _percentiles(w: Workload) -> list[float]:
+    """The default percentiles plus every percentile an SLO names (so it can be checked)."""
+    ps = set(DEFAULT_PERCENTILES)
+    for key in w.slos:
+        match = LATENCY_KEY.match(key)
+        if match and match.group(1).startswith("p"):
+            ps.add(float(match.group(1)[1:]))
+    return sorted(ps)
+
+
+# ------------------------------------------------------------------------------------- helpers
+def make_client(request_timeout_s: float = 300.0) -> httpx.AsyncClient:
+    """The shared client: no connection cap, keep-alive, total deadlines handled per request."""
+    return httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        timeout=httpx.Timeout(request_timeout_s, connect=30.0, pool=None),
+    )
+
+
+def _raise_open_files_limit() -> None:
+    """Each in-flight stream holds a socket; lift the soft fd limit to the hard one (as SGLang)."""
+    with contextlib.suppress(ValueError, OSError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 65535
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def _normalize_base(base_url: str) -> str:
+    base = base_url.rstrip("/")
+    return base.removesuffix("/v1")
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+async def _served_model(client: httpx.AsyncClient, base: str, headers: dict[str, str]) -> str:
+    url = f"{base}/v1/models"
+    try:
+        resp = await client.get(url, headers=headers)
+    except httpx.HTTPError as err:
+        raise BenchmarkError(f"cannot reach {url}: {type(err).__name__}: {err}") from None
+    if resp.status_code != 200:
+        raise BenchmarkError(f"{url} answered {resp.status_code}; is this an OpenAI-compatible server?")
+    try:
+        return str(resp.json()["data"][0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise BenchmarkError(f"{url} listed no model; pass the model id explicitly") from None
+
+
+def _resolve_format(w: Workload, fmt: PromptFormat | None) -> PromptFormat:
+    if w.endpoint == "chat":
+        if fmt == "ids":
+            raise BenchmarkError("chat requests need text prompts; use prompt_format='text' or omit it")
+        return "text"
+    return fmt or "ids"
+
+
+def _body(w: Workload, model: str, prompt: Prompt) -> bytes:
+    common = {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "temperature": 0.0,  # SGLang's chat defaults come from the model's generation_config
+    }
+    if w.endpoint == "chat":
+        body = {
+            "messages": [{"role": "user", "content": prompt.prompt}],
+            "max_completion_tokens": prompt.output_len,
+            **common,
+        }
+    else:
+        body = {"prompt": prompt.prompt, "max_tokens": prompt.output_len, **common}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _route(w: Workload) -> str:
+    return "/v1/chat/completions" if w.endpoint == "chat" else "/v1/completions"
+
+
+def _p99_ms(values: Sequence[float]) -> float:
+    return float(np.percentile(values, 99)) * 1000.0 if len(values) else 0.0
+
+
+def assess_client(
+    cpu_share: float, schedule_lags: Sequence[float], loop_lags: Sequence[float], finite_rate: bool
+) -> ClientCheck:
+    """Judge whether the client limited the run.
+
+    Args:
+        cpu_share: Loop-thread CPU seconds over wall seconds.
+        schedule_lags: Per-request send delay against the arrival schedule (seconds).
+        loop_lags: Event-loop wake-up delays (seconds).
+        finite_rate: Whether the workload has a request rate; with ``inf`` every request is due
+            at t = 0, so its "lag" is just the time to create the tasks.
+
+    Returns:
+        The check with a one-line reason naming every crossed threshold.
+    """
+    sched = _p99_ms(schedule_lags)
+    loop = _p99_ms(loop_lags)
+    reasons = []
+    if cpu_share >= CPU_SHARE_LIMIT:
+        reasons.append(f"client event loop busy {cpu_share:.0%} of the run")
+    if finite_rate and sched > SCHEDULE_LAG_P99_LIMIT_S * 1000:
+        reasons.append(f"p99 send lag {sched:.1f} ms behind the arrival schedule")
+    if loop > LOOP_LAG_P99_LIMIT_S * 1000:
+        reasons.append(f"p99 event-loop lag {loop:.1f} ms (timestamps are late by that much)")
+    max_loop = max(loop_lags, default=0.0) * 1000.0
+    return ClientCheck(cpu_share, sched, loop, max_loop, bool(reasons), "; ".join(reasons))
+
+
+class _LoopLagProbe:
+    """Measures how late the event loop wakes a 10 ms timer: the error on every timestamp."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+
+    async def run(self) -> None:
+        while True:
+            t = perf_counter()
+            await asyncio.sleep(LOOP_PROBE_INTERVAL_S)
+            self.lags.append(max(0.0, perf_counter() - t - LOOP_PROBE_INTERVAL_S))
+
+
+@contextlib.asynccontextmanager
+async def _probe_loop() -> AsyncIterator[_LoopLagProbe]:
+    probe = _LoopLagProbe()
+    task = asyncio.create_task(probe.run())
+    try:
+        yield probe
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.contextmanager
+def _frozen_gc() -> Any:
+    """vLLM freezes the GC heap before the run so collections do not stall the event loop."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+class _Progress:
+    """Counts finished requests and calls the user's callback, throttled."""
+
+    def __init__(self, phase: str, total: int, live: LiveCounters, callback: Callable[[BenchProgress], None] | None):
+        self.phase, self.total, self.live, self.callback = phase, total, live, callback
+        self.completed = self.failed = 0
+        self.start = self.last_call = perf_counter()
+        self.chunks0 = live.token_chunks
+
+    def done(self, record: RequestRecord) -> None:
+        self.completed += 1
+        self.failed += not record.success
+        now = perf_counter()
+        if self.callback is not None and now - self.last_call >= PROGRESS_INTERVAL_S:
+            self.last_call = now
+            self.callback(self.snapshot(now))
+
+    def snapshot(self, now: float | None = None) -> BenchProgress:
+        elapsed = (now or perf_counter()) - self.start
+        rate = (self.live.token_chunks - self.chunks0) / elapsed if elapsed > 0 else 0.0
+        return BenchProgress(self.phase, self.completed, self.failed, self.total, elapsed, rate)
+
+    def finish(self) -> None:
+        if self.callback is not None:
+            self.callback(self.snapshot())
+
+
+# ------------------------------------------------------------------------------------- the run
+@dataclass
+class _Measured:
+    records: list[RequestRecord]
+    duration_s: float
+    deadline_hit: bool
+    client: ClientCheck
+
+
+class _Runner:
+    """One run against one server: resolves the model, builds prompts, warms up, measures."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base: str,
+        workload: Workload,
+        headers: dict[str, str],
+        on_progress: Callable[[BenchProgress], None] | None,
+    ) -> None:
+        self.client, self.base, self.w, self.headers = client, base, workload, headers
+        self.on_progress = on_progress
+        self.url = base + _route(workload)
+        self.live = LiveCounters()
+
+    async def prompts(self, model: str, fmt: PromptFormat) -> tuple[PromptSet, PromptSet | None]:
+        tok = ServerTokenizer(self.client, self.base, model, self.headers)
+        w = self.w
+        measured = await build_prompts(tok, w.dataset, w.num_prompts, seed=w.seed, fmt=fmt)
+        warm = None
+        if w.warmup_requests:
+            warm = await build_prompts(tok, w.dataset, w.warmup_requests, seed=w.seed, fmt=fmt, stream=WARMUP_STREAM)
+        return measured, warm
+
+    async def _send(
+        self, body: bytes, record: RequestRecord, sem: asyncio.Semaphore | None, arrival: float, progress: _Progress
+    ) -> None:
+        chat = self.w.endpoint == "chat"
+        async with sem or contextlib.nullcontext():
+            await stream_request(
+                self.client,
+                self.url,
+                body,
+                self.headers,
+                record,
+                timeout_s=self.w.request_timeout_s,
+                chat=chat,
+                live=self.live,
+            )
+        record.client_queue_time = record.start_time - arrival
+        progress.done(record)
+
+    def _semaphore(self) -> asyncio.Semaphore | None:
+        c = self.w.arrival.concurrency
+        return asyncio.Semaphore(c) if c else None
+
+    async def warmup(self, bodies: list[bytes]) -> int:
+        """Send the warm-up requests concurrently (same shapes); return how many failed."""
+        records = [RequestRecord() for _ in bodies]
+        progress = _Progress("warmup", len(bodies), self.live, self.on_progress)
+        sem = self._semaphore()
+        now = perf_counter()
+        await asyncio.gather(*(self._send(b, r, sem, now, progress) for b, r in zip(bodies, records, strict=True)))
+        progress.finish()
+        return sum(not r.success for r in records)
+
+    async def _dispatch(
+        self,
+        start: float,
+        offsets: np.ndarray,
+        bodies: list[bytes],
+        records: list[RequestRecord],
+        tasks: list[asyncio.Task[None]],
+        progress: _Progress,
+    ) -> None:
+        sem = self._semaphore()
+        for offset, body, record in zip(offsets.tolist(), bodies, records, strict=True):
+            target = start + offset
+            delay = target - perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            arrival = perf_counter()
+            record.schedule_lag = arrival - target
+            tasks.append(asyncio.create_task(self._send(body, record, sem, arrival, progress)))
+        await asyncio.gather(*tasks)
+
+    async def measure(self, bodies: list[bytes], records: list[RequestRecord], deadline_s: float | None) -> _Measured:
+        """Release the requests on the arrival schedule and wait for all of them (or the deadline)."""
+        w = self.w
+        rng = np.random.default_rng([w.seed, 2])
+        offsets = arrival_offsets(len(bodies), w.arrival.request_rate, w.arrival.burstiness, rng)
+        deadline = deadline_s if deadline_s is not None else _default_deadline(w, float(offsets[-1]))
+        progress = _Progress("measure", len(bodies), self.live, self.on_progress)
+        tasks: list[asyncio.Task[None]] = []
+        hit = False
+        with _frozen_gc():
+            async with _probe_loop() as probe:
+                cpu0, start = time.thread_time(), perf_counter()
+                try:
+                    async with asyncio.timeout(deadline):
+                        await self._dispatch(start, offsets, bodies, records, tasks, progress)
+                except TimeoutError:
+                    hit = True
+                    await _cancel(tasks)
+                duration = perf_counter() - start
+                cpu = time.thread_time() - cpu0
+        progress.finish()
+        if hit:
+            _mark_cut(records, deadline)
+        lags = [r.schedule_lag for r in records if r.start_time]
+        check = assess_client(cpu / duration, lags, probe.lags, not math.isinf(w.arrival.request_rate))
+        return _Measured(records, duration, hit, check)
+
+
+def _default_deadline(w: Workload, span_s: float) -> float:
+    """An outer bound no legitimate run reaches: the arrival span plus one request timeout per
+    wave of ``concurrency`` requests. It catches a stuck client, not a slow server."""
+    waves = math.ceil(w.num_prompts / (w.arrival.concurrency or w.num_prompts))
+    return span_s + waves * w.request_timeout_s + DEADLINE_GRACE_S
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _mark_cut(records: list[RequestRecord], deadline: float) -> None:
+    for r in records:
+        if r.success or r.error:
+            continue
+        sent = "cancelled" if r.start_time else "not sent"
+        r.error = f"{sent} at the run deadline ({deadline:g} s)"
+
+
+def _count_clamped(records: Sequence[RequestRecord]) -> int:
+    return sum(r.success and r.usage_seen and r.output_tokens != r.expected_output_len for r in records)
+
+
+def _count_prompt_mismatches(records: Sequence[RequestRecord]) -> int:
+    return sum(r.success and r.usage_seen and r.prompt_len != r.expected_prompt_len for r in records)
+
+
+async def run_workload(
+    base_url: str,
+    workload: Workload,
+    *,
+    model: str | None = None,
+    api_key: str | None = None,
+    on_progress: Callable[[BenchProgress], None] | None = None,
+    client: httpx.AsyncClient | None = None,
+    deadline_s: float | None = None,
+    prompt_format: PromptFormat | None = None,
+) -> BenchResult:
+    """Run ``workload`` against the server at ``base_url`` and measure it.
+
+    Args:
+        base_url: Server root, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1`` is accepted).
+        workload: Request shapes, arrival process, seed, timeouts, SLOs.
+        model: Model id for the requests; default: the first one ``GET /v1/models`` lists.
+        api_key: Sent as ``Authorization: Bearer``.
+        on_progress: Called with a :class:`BenchProgress` at most every 0.25 s.
+        client: A shared ``httpx.AsyncClient`` to use (it should have no connection cap; see
+            :func:`make_client`); by default one is made and closed here.
+        deadline_s: Wall-clock bound for the measured phase; unfinished requests then fail.
+            Default: an outer bound derived from the arrival span and the request timeout.
+        prompt_format: ``ids`` or ``text``; default ``ids`` for completions, ``text`` for chat
+            (see :mod:`autotune.bench.prompts` for the trade-off).
+
+    Returns:
+        The measured result; failed requests are data in it, not exceptions.
+
+    Raises:
+        BenchmarkError: The server is unreachable, lists no model, or has no ``/tokenize``.
+    """
+    fmt = _resolve_format(workload, prompt_format)
+    base = _normalize_base(base_url)
+    headers = _headers(api_key)
+    _raise_open_files_limit()
+    own = client is None
+    http = client or make_client(workload.request_timeout_s)
+    try:
+        served = model or await _served_model(http, base, headers)
+        runner = _Runner(http, base, workload, headers, on_progress)
+        measured_set, warm_set = await runner.prompts(served, fmt)
+        warm_failed = 0
+        if warm_set is not None:
+            warm_failed = await runner.warmup([_body(workload, served, p) for p in warm_set.prompts])
+        bodies = [_body(workload, served, p) for p in measured_set.prompts]
+        records = [
+            RequestRecord(prompt_len=p.prompt_len, expected_prompt_len=p.prompt_len, expected_output_len=p.output_len)
+            for p in measured_set.prompts
+        ]
+        m = await runner.measure(bodies, records, deadline_s)
+    finally:
+        if own:
+            await http.aclose()
+    return _result(workload, served, fmt, measured_set, m, warm_failed)
+
+
+def _result(w: Workload, model: str, fmt: PromptFormat, ps: PromptSet, m: _Measured, warm_failed: int) -> BenchResult:
+    slos = request_slos(w.slos)
+    metrics = compute_metrics(m.records, m.duration_s, percentiles=_percentiles(w), goodput_slos=slos or None)
+    # Chat prompts carry the template's tokens on top of the planned content: no exact target.
+    mismatches = _count_prompt_mismatches(m.records) if w.endpoint == "completions" else 0
+    return BenchResult(
+        metrics=metrics,
+        records=m.records,
+        duration_s=m.duration_s,
+        model=model,
+        workload=w,
+        prompt_format=fmt,
+        client=m.client,
+        clamped_requests=_count_clamped(m.records),
+        prompt_len_mismatches=mismatches,
+        prompts_off_target=ps.off_target,
+        deadline_hit=m.deadline_hit,
+        warmup_failed=warm_failed,
+        max_model_len=ps.max_model_len,
+    )
+
+
+def run_workload_sync(
+    base_url: str,
+    workload: Workload,
+    *,
+    model: str | None = None,
+    api_key: str | None = None,
+    on_progress: Callable[[BenchProgress], None] | None = None,
+    deadline_s: float | None = None,
+    prompt_format: PromptFormat | None = None,
+) -> BenchResult:
+    """:func:`run_workload` for synchronous callers (runs its own event loop).
+
+    Raises:
+        RuntimeError: Called from inside a running event loop (await ``run_workload`` there).
+        BenchmarkError: As :func:`run_workload`.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("run_workload_sync was called inside an event loop; await run_workload instead")
+    return asyncio.run(
+        run_workload(
+            base_url,
+            workload,
+            model=model,
+            api_key=api_key,
+            on_progress=on_progress,
+            deadline_s=deadline_s,
+            prompt_format=prompt_format,
+        )
+    )

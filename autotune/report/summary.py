@@ -1,0 +1,448 @@
+"""What a study report says, read once from the Optuna storage and the trials' files.
+
+The HTML page and the Markdown summary render the same :class:`StudyReport`, so the two never
+disagree: the winner against the engine defaults (the baseline trial), the gain per metric with
+its spread over the validation re-runs, the failures with the log line that explains each one,
+and the latency distributions of the winner and the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.report.table import trials_frame
+from autotune.search.objective import is_feasible
+from autotune.search.storage import best_trial
+
+__all__ = [
+    "GAIN_METRICS",
+    "SERVED",
+    "SPREAD_NOTE",
+    "FlagRow",
+    "Gain",
+    "LatencyCdf",
+    "StudyReport",
+    "TrialNote",
+    "format_number",
+    "summarize",
+]
+
+SERVED = ("ok", "slo_violation")
+DEFAULT_FLAG = "(engine default)"
+SPREAD_NOTE = "Spread is (max − min) / median over the winner's runs (its benchmark repeats when it ran once)."
+
+# (metrics key, label, unit, higher is better): what "gain over the engine defaults" means.
+GAIN_METRICS: tuple[tuple[str, str, str, bool], ...] = (
+    ("output_throughput", "output throughput", "tok/s", True),
+    ("request_throughput", "request throughput", "req/s", True),
+    ("request_goodput", "goodput (requests within SLOs)", "req/s", True),
+    ("p95_ttft_ms", "p95 TTFT", "ms", False),
+    ("p99_ttft_ms", "p99 TTFT", "ms", False),
+    ("median_tpot_ms", "median TPOT", "ms", False),
+    ("p95_tpot_ms", "p95 TPOT", "ms", False),
+)
+
+# A knob's value is read from the trial's params first; a stage that sets a flag directly (the
+# memory-edge and CUDA-graph probes) may only have the dialect's flag, so these are looked up too.
+KNOB_FLAGS: dict[str, tuple[str, ...]] = {
+    "memory_fraction": ("--gpu-memory-utilization", "--mem-fraction-static"),
+    "cuda_graph_max_bs": ("--max-cudagraph-capture-size", "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"),
+}
+
+_PERCENTILE_KEY = re.compile(r"^p(\d+(?:\.\d+)?)_(ttft|e2el)_ms$")
+
+
+@dataclass(frozen=True)
+class Gain:
+    """One metric of the winner against the engine defaults.
+
+    Attributes:
+        spread: Relative spread (max − min) / median over the winner's runs; None with one run.
+    """
+
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    baseline: float | None
+    winner: float | None
+    spread: float | None
+
+    @property
+    def change(self) -> float | None:
+        """Relative change from the baseline, or None when either side is missing."""
+        if self.baseline is None or self.winner is None or self.baseline == 0:
+            return None
+        return (self.winner - self.baseline) / abs(self.baseline)
+
+    @property
+    def improved(self) -> bool | None:
+        change = self.change
+        if change is None or change == 0:
+            return None
+        return (change > 0) == self.higher_is_better
+
+
+@dataclass(frozen=True)
+class FlagRow:
+    flag: str
+    baseline: str
+    winner: str
+
+    @property
+    def changed(self) -> bool:
+        return self.baseline != self.winner
+
+
+@dataclass(frozen=True)
+class TrialNote:
+    """A trial that did not end ``ok``, with what explains it."""
+
+    trial: int
+    stage: str
+    outcome: str
+    flags: dict[str, Any]
+    reason: str
+    log_path: str
+
+
+@dataclass(frozen=True)
+class LatencyCdf:
+    """Share of requests at or under each latency (ms), for TTFT and end-to-end latency.
+
+    Attributes:
+        per_request: True when built from every request; False when only the recorded
+            percentiles were available (then each point is one percentile).
+        runs: Benchmark runs pooled.
+    """
+
+    ttft: tuple[list[float], list[float]]
+    e2el: tuple[list[float], list[float]]
+    per_request: bool
+    runs: int
+
+
+@dataclass(frozen=True)
+class StudyReport:
+    """Everything a report shows, computed once."""
+
+    name: str
+    simulated: bool
+    engine: str
+    model: str
+    workload: str
+    objective: str
+    direction: str
+    slos: dict[str, float]
+    config: dict[str, Any]
+    trials: list[FrozenTrial]
+    frame: pd.DataFrame
+    winner: FrozenTrial | None
+    winner_runs: int
+    baseline: FrozenTrial | None
+    gains: list[Gain]
+    flags: list[FlagRow]
+    failures: list[TrialNote]
+    outcomes: dict[str, int]
+    stages: dict[str, int]
+    cdfs: dict[str, LatencyCdf] = field(default_factory=dict)
+    stage_states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    generated: str = ""
+
+    @property
+    def winner_value(self) -> float | None:
+        if self.winner is None:
+            return None
+        value = self.winner.user_attrs.get("validated_median", self.winner.value)
+        return None if value is None else float(value)
+
+    @property
+    def winner_spread(self) -> float | None:
+        return None if self.winner is None else self.winner.user_attrs.get("validated_spread")
+
+    @property
+    def objective_gain(self) -> Gain | None:
+        return next((g for g in self.gains if g.key == self.objective), None)
+
+
+# ------------------------------------------------------------------------------------ helpers
+def format_number(value: float | None, unit: str = "") -> str:
+    """Thousands separators; fewer decimals for big numbers; "–" for a missing value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+    text = f"{value:,.{digits}f}"
+    return f"{text} {unit}" if unit else text
+
+
+def knob_value(attrs: Mapping[str, Any], knob: str) -> Any:
+    """A portable knob's value in a trial: its param, else its dialect flag, else an engine fact."""
+    params = attrs.get("params") or {}
+    if knob in params:
+        return params[knob]
+    flags = attrs.get("flags") or {}
+    for flag in KNOB_FLAGS.get(knob, ()):
+        if flag in flags:
+            return flags[flag]
+    return (attrs.get("facts") or {}).get(knob)
+
+
+def _outcome(t: FrozenTrial) -> str:
+    return str(t.user_attrs.get("outcome", t.state.name.lower()))
+
+
+def _served(t: FrozenTrial) -> bool:
+    return t.state == TrialState.COMPLETE and _outcome(t) in SERVED and bool(t.user_attrs.get("metrics"))
+
+
+def _pick_baseline(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
+    """The engine-defaults trial: a served one if any (a retry may have served), else the last."""
+    baselines = [t for t in trials if t.user_attrs.get("stage") == "baseline" and t.state.is_finished()]
+    served = [t for t in baselines if _served(t)]
+    pool = served or baselines
+    return pool[-1] if pool else None
+
+
+def _winner_group(trials: Sequence[FrozenTrial], winner: FrozenTrial) -> tuple[FrozenTrial, list[FrozenTrial]]:
+    """(the finalist, its served runs): the finalist itself plus its validation re-runs.
+
+    ``best_trial`` may return a validation run; its finalist (same flags) stands for the group.
+    """
+    root_number = winner.user_attrs.get("validates", winner.number)
+    root = next((t for t in trials if t.number == root_number), winner)
+    runs = [t for t in trials if (t.number == root.number or t.user_attrs.get("validates") == root.number)]
+    return root, [t for t in runs if _served(t)]
+
+
+def _median_metrics(runs: Sequence[FrozenTrial]) -> tuple[dict[str, float], dict[str, float]]:
+    """Median of every numeric metric over runs, and its relative spread across them."""
+    values: dict[str, list[float]] = {}
+    for t in runs:
+        for key, v in (t.user_attrs.get("metrics") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v):
+                values.setdefault(key, []).append(float(v))
+    medians = {k: statistics.median(vs) for k, vs in values.items()}
+    spreads = {k: (max(vs) - min(vs)) / abs(medians[k]) for k, vs in values.items() if len(vs) > 1 and medians[k] != 0}
+    return medians, spreads
+
+
+def _gains(
+    baseline: FrozenTrial | None, winner_runs: Sequence[FrozenTrial], objective: str, direction: str
+) -> list[Gain]:
+    base = (baseline.user_attrs.get("metrics") or {}) if baseline is not None and _served(baseline) else {}
+    medians, spreads = _median_metrics(winner_runs)
+    if len(winner_runs) == 1:
+        # One run: the only spread known is the one between its benchmark repeats.
+        spreads = dict(winner_runs[0].user_attrs.get("spread") or {})
+    specs = list(GAIN_METRICS)
+    if objective not in {key for key, *_ in specs}:
+        specs.insert(0, (objective, objective, "", direction == "maximize"))
+    gains = []
+    for key, label, unit, higher in specs:
+        if key not in base and key not in medians:
+            continue
+        b = None if base.get(key) is None else float(base[key])
+        gains.append(Gain(key, label, unit, higher, b, medians.get(key), spreads.get(key)))
+    return gains
+
+
+def _flag_rows(baseline: FrozenTrial | None, winner: FrozenTrial | None) -> list[FlagRow]:
+    base = dict((baseline.user_attrs.get("flags") or {}) if baseline else {})
+    win = dict((winner.user_attrs.get("flags") or {}) if winner else {})
+    names = list(win) + [f for f in base if f not in win]
+    rows = [FlagRow(f, _flag_text(base.get(f, DEFAULT_FLAG)), _flag_text(win.get(f, DEFAULT_FLAG))) for f in names]
+    # Changed flags first: they are the answer; fixed flags shared by both come after.
+    return sorted(rows, key=lambda r: not r.changed)
+
+
+def _flag_text(value: Any) -> str:
+    if value is None:
+        return DEFAULT_FLAG
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _explain(t: FrozenTrial) -> str:
+    """The line a person needs: the engine's log line, the violated SLOs, or the state."""
+    ua = t.user_attrs
+    if ua.get("reason"):
+        return str(ua["reason"])
+    outcome = _outcome(t)
+    if outcome == "slo_violation":
+        violations = ua.get("violations") or {}
+        return "; ".join(f"{k} {v:+.0%} over its bound" for k, v in violations.items()) or "missed an SLO"
+    if outcome == "unstable":
+        return "failed at least one validation re-run with the same flags"
+    if outcome == "interrupted":
+        return "the tuner stopped during this trial"
+    return ""
+
+
+def _failures(trials: Sequence[FrozenTrial]) -> list[TrialNote]:
+    return [
+        TrialNote(
+            t.number,
+            str(t.user_attrs.get("stage", "")),
+            _outcome(t),
+            dict(t.user_attrs.get("flags") or {}),
+            _explain(t),
+            str(t.user_attrs.get("log_path") or ""),
+        )
+        for t in trials
+        if t.state.is_finished() and _outcome(t) != "ok"
+    ]
+
+
+def _frame(study_trials: Sequence[FrozenTrial], frame: pd.DataFrame) -> pd.DataFrame:
+    """``trials_frame`` plus what the plots need: feasibility, knob values, throughput spread."""
+    by_number = {t.number: t for t in study_trials}
+    extra = pd.DataFrame(
+        [
+            {
+                "trial": n,
+                "served": _served(t),
+                "feasible": _served(t) and is_feasible(_outcome(t), t.user_attrs.get("constraints")),
+                "memory_fraction": knob_value(t.user_attrs, "memory_fraction"),
+                "cuda_graph_max_bs": knob_value(t.user_attrs, "cuda_graph_max_bs"),
+                "throughput_spread": (t.user_attrs.get("spread") or {}).get("output_throughput"),
+            }
+            for n, t in by_number.items()
+        ],
+        columns=["trial", "served", "feasible", "memory_fraction", "cuda_graph_max_bs", "throughput_spread"],
+    )
+    if frame.empty:
+        return extra
+    return frame.merge(extra, on="trial", how="left")
+
+
+# ------------------------------------------------------------------------------ latency CDFs
+def _bench_runs(trial: FrozenTrial) -> list[dict[str, Any]]:
+    """The runs in a trial's ``bench.json``; [] when the file is missing or unreadable."""
+    trial_dir = trial.user_attrs.get("trial_dir")
+    if not trial_dir:
+        return []
+    try:
+        data = json.loads((Path(trial_dir) / "bench.json").read_text())
+    except (OSError, ValueError):
+        return []
+    runs = data.get("runs") if isinstance(data, dict) else None
+    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+
+
+def _request_latencies(run: Mapping[str, Any]) -> tuple[list[float], list[float]] | None:
+    """Successful requests' (TTFT, E2EL) in ms from vLLM's per-request arrays, if saved.
+
+    These are ``BenchResult.to_json(detailed=True)``'s ``ttfts`` / ``latencies`` (seconds) and
+    ``errors`` ("" for a success); a failed request's zero latency must not enter the CDF.
+    """
+    ttfts, latencies, errors = run.get("ttfts"), run.get("latencies"), run.get("errors")
+    if not isinstance(ttfts, list) or not isinstance(latencies, list) or len(ttfts) != len(latencies):
+        return None
+    if not isinstance(errors, list) or len(errors) != len(ttfts):
+        errors = ["" if latency else "failed" for latency in latencies]
+    pairs = [
+        (float(ttft) * 1000.0, float(latency) * 1000.0)
+        for ttft, latency, error in zip(ttfts, latencies, errors, strict=True)
+        if not error and isinstance(ttft, (int, float)) and isinstance(latency, (int, float))
+    ]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _empirical(samples: list[float]) -> tuple[list[float], list[float]]:
+    xs = sorted(samples)
+    return xs, [(i + 1) / len(xs) for i in range(len(xs))]
+
+
+def _from_percentiles(metrics: Mapping[str, Any], metric: str) -> tuple[list[float], list[float]]:
+    points = {50.0: metrics.get(f"median_{metric}_ms")}
+    for key, value in metrics.items():
+        m = _PERCENTILE_KEY.match(key)
+        if m and m.group(2) == metric:
+            points[float(m.group(1))] = value
+    known = sorted((p, float(v)) for p, v in points.items() if isinstance(v, (int, float)) and not math.isnan(v))
+    return [v for _, v in known], [p / 100.0 for p, _ in known]
+
+
+def _cdf(runs: Sequence[FrozenTrial], metrics: Mapping[str, Any]) -> LatencyCdf | None:
+    """Pooled per-request CDF over the trials' benchmark runs; percentile points as a fallback."""
+    ttft: list[float] = []
+    e2el: list[float] = []
+    n_runs = 0
+    for t in runs:
+        for run in _bench_runs(t):
+            got = _request_latencies(run)
+            if got is not None:
+                ttft += got[0]
+                e2el += got[1]
+                n_runs += 1
+    if ttft:
+        return LatencyCdf(_empirical(ttft), _empirical(e2el), per_request=True, runs=n_runs)
+    fallback = LatencyCdf(_from_percentiles(metrics, "ttft"), _from_percentiles(metrics, "e2el"), False, len(runs))
+    return fallback if fallback.ttft[0] or fallback.e2el[0] else None
+
+
+# -------------------------------------------------------------------------------- the report
+def summarize(study: optuna.Study) -> StudyReport:
+    """Read a study (and its trials' ``bench.json`` files) into a :class:`StudyReport`."""
+    trials = study.get_trials(deepcopy=False)
+    config = dict(study.user_attrs.get("config") or {})
+    engine_cfg, workload_cfg = config.get("engine") or {}, config.get("workload") or {}
+    objective_cfg = workload_cfg.get("objective") or {}
+    direction = study.direction.name.lower()
+    best = best_trial(study)
+    baseline = _pick_baseline(trials)
+    winner, winner_runs = _winner_group(trials, best) if best is not None else (None, [])
+    medians, _ = _median_metrics(winner_runs)
+    cdfs: dict[str, LatencyCdf] = {}
+    if baseline is not None and _served(baseline):
+        base_cdf = _cdf([baseline], baseline.user_attrs.get("metrics") or {})
+        if base_cdf is not None:
+            cdfs["baseline"] = base_cdf
+    if winner_runs:
+        win_cdf = _cdf(winner_runs, medians)
+        if win_cdf is not None:
+            cdfs["winner"] = win_cdf
+    objective = str(objective_cfg.get("metric", "output_throughput"))
+    return StudyReport(
+        name=study.study_name,
+        simulated=bool(engine_cfg.get("simulated")),
+        engine=str(engine_cfg.get("kind", "")),
+        model=str(engine_cfg.get("model", "")),
+        workload=str(workload_cfg.get("name", "")),
+        objective=objective,
+        direction=direction,
+        slos=dict(workload_cfg.get("slos") or {}),
+        config=config,
+        trials=list(trials),
+        frame=_frame(trials, trials_frame(study)),
+        winner=winner,
+        winner_runs=len(winner_runs),
+        baseline=baseline,
+        gains=_gains(baseline, winner_runs, objective, direction) if winner_runs else [],
+        flags=_flag_rows(baseline, winner) if winner is not None else [],
+        failures=_failures(trials),
+        outcomes=dict(Counter(_outcome(t) for t in trials if t.state.is_finished())),
+        stages=dict(Counter(str(t.user_attrs.get("stage", "?")) for t in trials)),
+        cdfs=cdfs,
+        # What each methodology stage decided (or why it was skipped), as the tuning loop stored it.
+        stage_states={
+            k.removeprefix("stage."): v
+            for k, v in study.user_attrs.items()
+            if k.startswith("stage.") and isinstance(v, dict)
+        },
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    )

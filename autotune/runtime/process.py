@@ -1,0 +1,342 @@
+"""Supervision of one engine process: start it, wait until it is ready, watch it, kill all of it.
+
+The engine is started in a new session, so it and every process it spawns share one process
+group that nothing else uses. Stopping always signals that whole group and then verifies, by a
+``/proc`` scan for the group ID, that nothing of it is left: vLLM's EngineCore survives a
+SIGKILL of its API server (it is reparented to pid 1), so a child list would miss it.
+
+stdout and stderr go through one pipe into ``log_path`` (vLLM logs on stdout, uvicorn and
+tracebacks on stderr; one pipe keeps their order). A reader thread copies each line to the log
+and hands it to ``on_line``; a ``True`` from ``on_line`` marks a fatal line, which ends
+``wait_ready`` at once instead of at the startup deadline.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import httpx
+
+from autotune.errors import EngineCrashed, EngineStartupError, StartupTimeout, TeardownError
+from autotune.runtime.procfs import ENGINE_MARKER_ENV, send_group, terminate_group
+
+__all__ = ["EngineProcess"]
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.25  # readiness polling interval; a fatal line wakes the poller earlier
+_PROBE_TIMEOUT_S = 2.0  # one readiness probe; the server is either listening or refusing
+_HEALTH_TIMEOUT_S = 5.0  # a loaded server can answer slowly without being dead
+_READER_JOIN_S = 2.0  # time for the reader to pass on the last lines after the process exits
+_KILL_WAIT_S = 5.0  # after SIGKILL the kernel needs only moments; longer means state D
+_FATAL_LINE_CHARS = 200
+
+_LIVE: weakref.WeakSet[EngineProcess] = weakref.WeakSet()
+
+
+class EngineProcess:
+    """One engine launch, as a context manager: ``__enter__`` starts it, ``__exit__`` stops it.
+
+    Args:
+        argv: The full command line.
+        env: Variables added to (and overriding) the tuner's own environment.
+        log_path: Where stdout and stderr go, appended; its folder is created.
+        ready_url: Polled by :meth:`wait_ready` until it answers 200.
+        health_url: Checked by :meth:`check_alive`; None checks only the process.
+        on_line: Called with each output line (no newline) from the reader thread; returning
+            True marks the line fatal for start-up. Exceptions from it are logged, not raised.
+        startup_timeout_s: Deadline for readiness, counted from :meth:`start`.
+        grace_s: Time between SIGTERM and SIGKILL in :meth:`stop`.
+        fatal_exit_wait_s: After a fatal line, how long :meth:`wait_ready` waits for the
+            engine to exit by itself, so its exit code and remaining lines are known.
+    """
+
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        *,
+        ready_url: str,
+        health_url: str | None = None,
+        on_line: Callable[[str], bool] | None = None,
+        startup_timeout_s: float = 600.0,
+        grace_s: float = 10.0,
+        fatal_exit_wait_s: float = 15.0,
+    ):
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.log_path = Path(log_path)
+        self.ready_url = ready_url
+        self.health_url = health_url
+        self.on_line = on_line
+        self.startup_timeout_s = startup_timeout_s
+        self.grace_s = grace_s
+        self.fatal_exit_wait_s = fatal_exit_wait_s
+        self.pid: int | None = None
+        self.pgid: int | None = None
+        self.fatal_line: str | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._fatal = threading.Event()
+        self._started_at = 0.0
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> EngineProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.stop()
+        except TeardownError:
+            if exc is None:
+                raise
+            # Keep the error that ended the block (it explains the trial); the leak is logged.
+            log.exception("engine teardown failed while handling %s", exc_type.__name__ if exc_type else "")
+
+    def start(self) -> None:
+        """Launch the engine in a new session with its output teed into the log.
+
+        Raises:
+            RuntimeError: If this object was already started.
+            EngineStartupError: If the command cannot be executed at all.
+        """
+        if self._proc is not None:
+            raise RuntimeError("EngineProcess.start() called twice; create a new EngineProcess per launch")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        # The marker lets a later run recognise this engine if the tuner is killed (reaper.py).
+        env = {**os.environ, **self.env, ENGINE_MARKER_ENV: str(os.getpid())}
+        try:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as err:
+            self._log.close()
+            raise EngineStartupError(
+                f"cannot run {self.argv[0]!r}: {err.strerror}; check engine.python / engine.command",
+                log_path=self.log_path,
+            ) from None
+        self._started_at = time.monotonic()
+        self.pid = self._proc.pid
+        self.pgid = self._proc.pid  # a new session's leader is its group's leader
+        _LIVE.add(self)
+        self._reader = threading.Thread(target=self._read_output, name=f"engine-log-{self.pid}", daemon=True)
+        self._reader.start()
+        log.info("engine started: pid %d, log %s", self.pid, self.log_path)
+
+    def stop(self) -> None:
+        """SIGTERM the group, SIGKILL it after ``grace_s``, and verify that nothing is left.
+
+        Safe to call more than once and on an engine that never started.
+
+        Raises:
+            TeardownError: Naming the PIDs of the group that survived SIGKILL.
+        """
+        if self._proc is None or self.pgid is None:
+            return
+        survivors: list[int] = []
+        try:
+            survivors = terminate_group(self.pgid, grace_s=self.grace_s, kill_wait_s=_KILL_WAIT_S)
+        except BaseException:
+            # Interrupted while waiting (a second Ctrl-C): never leave the engine running.
+            send_group(self.pgid, signal.SIGKILL)
+            raise
+        finally:
+            self._reap_leader()
+            self._join_reader(_READER_JOIN_S)
+            _LIVE.discard(self)
+        if survivors:
+            raise TeardownError(
+                f"engine processes {', '.join(map(str, survivors))} (group {self.pgid}) survived SIGKILL; "
+                f"kill them by hand before the next launch; see {self.log_path}",
+                returncode=self.returncode,
+                log_path=self.log_path,
+            )
+
+    # ------------------------------------------------------------------------------ state
+    @property
+    def returncode(self) -> int | None:
+        """The exit code of the launched process, or None while it runs (or before start)."""
+        return None if self._proc is None else self._proc.poll()
+
+    @property
+    def alive(self) -> bool:
+        """True while the launched process runs (its children are not looked at)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def elapsed_s(self) -> float:
+        """Seconds since :meth:`start`."""
+        return time.monotonic() - self._started_at
+
+    # ------------------------------------------------------------------------------ readiness
+    def wait_ready(self) -> float:
+        """Poll ``ready_url`` until it answers 200.
+
+        Returns:
+            Seconds from :meth:`start` to the first 200.
+
+        Raises:
+            EngineStartupError: At once when the process exits or ``on_line`` flags a fatal line.
+            StartupTimeout: When ``startup_timeout_s`` passes first.
+        """
+        self._require_started()
+        deadline = self._started_at + self.startup_timeout_s
+        # trust_env=False: a proxy from the environment must not see loopback traffic.
+        with httpx.Client(timeout=_PROBE_TIMEOUT_S, trust_env=False) as client:
+            while True:
+                self._raise_if_start_failed()
+                if _status(client, self.ready_url) == 200:
+                    return self.elapsed_s()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise StartupTimeout(
+                        f"engine not ready after {self.startup_timeout_s:.0f}s (still running); see {self.log_path}",
+                        log_path=self.log_path,
+                    )
+                self._fatal.wait(min(_POLL_S, remaining))
+
+    def _raise_if_start_failed(self) -> None:
+        proc = self._require_started()
+        if self._fatal.is_set():
+            # Let the engine finish its traceback and exit: the caller classifies the failure
+            # from every line and the exit code (argparse exits 2, everything else 1).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=self.fatal_exit_wait_s)
+            self._join_reader(_READER_JOIN_S)
+            line = (self.fatal_line or "").strip()[:_FATAL_LINE_CHARS]
+            code = "still running" if proc.returncode is None else f"exit code {proc.returncode}"
+            raise EngineStartupError(
+                f"engine failed before ready ({code}): {line}; see {self.log_path}",
+                returncode=proc.returncode,
+                log_path=self.log_path,
+            )
+        if proc.poll() is not None:
+            self._join_reader(_READER_JOIN_S)
+            raise EngineStartupError(
+                f"engine exited (code {proc.returncode}) before ready; see {self.log_path}",
+                returncode=proc.returncode,
+                log_path=self.log_path,
+            )
+
+    # ------------------------------------------------------------------------------ liveness
+    def check_alive(self) -> None:
+        """Raise EngineCrashed if the engine exited or its health URL reports it dead.
+
+        vLLM exits with code 0 after a runtime engine death, so any exit counts. A health
+        probe that times out is not a crash: a saturated server can answer late.
+
+        Raises:
+            EngineCrashed: With the exit code or the health status.
+        """
+        proc = self._require_started()
+        if proc.poll() is not None:
+            raise EngineCrashed(
+                f"engine exited (code {proc.returncode}) after it was ready; see {self.log_path}",
+                returncode=proc.returncode,
+                log_path=self.log_path,
+            )
+        if self.health_url is None:
+            return
+        try:
+            status = httpx.get(self.health_url, timeout=_HEALTH_TIMEOUT_S, trust_env=False).status_code
+        except httpx.TimeoutException:
+            log.warning("health check %s timed out; engine busy, not treated as dead", self.health_url)
+            return
+        except httpx.HTTPError as err:
+            raise EngineCrashed(
+                f"engine health check {self.health_url} failed ({type(err).__name__}); see {self.log_path}",
+                log_path=self.log_path,
+            ) from None
+        if status != 200:
+            raise EngineCrashed(
+                f"engine health check {self.health_url} answered {status}; see {self.log_path}",
+                log_path=self.log_path,
+            )
+
+    # ------------------------------------------------------------------------------ internals
+    def _require_started(self) -> subprocess.Popen[bytes]:
+        if self._proc is None:
+            raise RuntimeError("EngineProcess not started; call start() or use it as a context manager")
+        return self._proc
+
+    def _read_output(self) -> None:
+        """Reader thread: copy every line to the log and to ``on_line`` until EOF.
+
+        It must keep draining whatever ``on_line`` does, or a full pipe would block the engine.
+        """
+        assert self._proc is not None and self._proc.stdout is not None and self._log is not None
+        with self._proc.stdout as pipe, self._log as sink:  # the reader owns both and closes them
+            for raw in iter(pipe.readline, b""):
+                sink.write(raw)
+                sink.flush()
+                if self.on_line is not None:
+                    self._handle_line(raw.decode("utf-8", "replace").rstrip("\r\n"))
+
+    def _handle_line(self, line: str) -> None:
+        assert self.on_line is not None
+        try:
+            fatal = self.on_line(line)
+        except Exception:
+            log.exception("on_line handler failed on: %s", line[:_FATAL_LINE_CHARS])
+            return
+        if fatal and not self._fatal.is_set():
+            self.fatal_line = line
+            self._fatal.set()
+
+    def _join_reader(self, timeout_s: float) -> None:
+        # EOF needs every writer gone; a process outside the group can hold the pipe, hence the
+        # bound. A reader still running then closes the log itself when EOF comes.
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout_s)
+
+    def _reap_leader(self) -> None:
+        """Collect the leader's exit status; kill it by PID if it left its process group."""
+        assert self._proc is not None
+        try:
+            self._proc.wait(timeout=_KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("engine pid %d outlived its group's SIGKILL; killing it by pid", self._proc.pid)
+            self._proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=_KILL_WAIT_S)
+
+
+def _status(client: httpx.Client, url: str) -> int | None:
+    """HTTP status of a GET, or None while nothing answers (loading engines refuse connections)."""
+    try:
+        return client.get(url).status_code
+    except httpx.HTTPError:
+        return None
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """Stop engines still running when the interpreter exits (an exception outside any ``with``)."""
+    for engine in list(_LIVE):
+        with contextlib.suppress(Exception):
+            engine.stop()

@@ -1,0 +1,237 @@
+"""A study being run: one trial at a time through Optuna, with its bookkeeping.
+
+Stages (baseline, memory edge, graph coverage, scenario search, validation) are written on top
+of :meth:`StudyRun.run`, which accepts explicit parameters (chosen by the methodology, or a
+repeat), a sub-space to sample, and a workload override (the memory probe's peak shape).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import statistics
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import SearchSpace, Workload
+from autotune.engines.base import EngineAdapter
+from autotune.search.objective import is_feasible
+from autotune.search.progress import Progress
+from autotune.search.space import distribution, suggest, suggest_param
+from autotune.search.storage import best_trial
+from autotune.search.trial import TrialResult, TrialSpec, run_trial
+
+__all__ = ["StudyRun", "redact_env"]
+
+STAGE_BASELINE, STAGE_SEARCH, STAGE_VALIDATION = "baseline", "search", "validation"
+# Environment names that hold secrets: recorded as a reference to the variable, never by value.
+_SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: (f"${{{k}}}" if _SECRET.search(k) else v) for k, v in env.items()}
+
+
+def _fits(dist: BaseDistribution, value: Any) -> bool:
+    try:
+        return bool(dist._contains(dist.to_internal_repr(value)))
+    except (ValueError, TypeError):
+        return False
+
+
+class StudyRun:
+    """Trial plumbing shared by every stage. ``job`` is a :class:`autotune.search.tune.TuneJob`."""
+
+    def __init__(self, job: Any, adapter: EngineAdapter, study: optuna.Study, progress: Progress):
+        self.job, self.adapter, self.study, self.progress = job, adapter, study, progress
+        self.deadline = time.monotonic() + job.study.time_budget_s if job.study.time_budget_s else None
+
+    # -- bookkeeping
+    def trials(self, stage: str | None = None) -> list[FrozenTrial]:
+        ts = self.study.get_trials(deepcopy=False)
+        return [t for t in ts if stage is None or t.user_attrs.get("stage") == stage]
+
+    def finished(self, stage: str) -> list[FrozenTrial]:
+        """Trials that count toward a stage's quota: finished and not superseded by a retry."""
+        return [t for t in self.trials(stage) if t.state.is_finished() and not t.user_attrs.get("retried")]
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def stage_state(self, name: str) -> dict[str, Any] | None:
+        return self.study.user_attrs.get(f"stage.{name}")
+
+    def set_stage_state(self, name: str, state: dict[str, Any]) -> None:
+        self.study.set_user_attr(f"stage.{name}", state)
+
+    # -- one trial through Optuna
+    def run(
+        self,
+        stage: str,
+        *,
+        explicit: Mapping[str, Any] | None = None,
+        sample: SearchSpace | None = None,
+        workload: Workload | None = None,
+        extra: Mapping[str, Any] | None = None,
+        hint: Mapping[str, Any] | None = None,
+    ) -> TrialResult:
+        """One trial with ``explicit`` params plus a sample of ``sample`` (neither: the engine's
+        defaults). Explicit values inside the space are enqueued, so the sampler sees them;
+        ``hint`` gives values to try for some sampled params (a warm start)."""
+        explicit = dict(explicit or {})
+        space = self.job.space.params
+        recorded = {k: v for k, v in explicit.items() if k in space and _fits(distribution(space[k]), v)}
+        hinted = {k: v for k, v in (hint or {}).items() if sample and k in sample.params}
+        if recorded or hinted:
+            self.study.enqueue_trial({**hinted, **recorded}, skip_if_exists=False)
+        trial = self.study.ask()
+        for name in recorded:
+            suggest_param(trial, name, self.job.space.params[name])  # the enqueued value, now recorded
+        params = {**explicit, **(suggest(trial, sample) if sample else {})}
+        extra = dict(extra or {})
+        if workload is not None:
+            extra["workload_override"] = workload.model_dump()
+        return self._execute(trial, stage, params, workload or self.job.workload, extra)
+
+    def _execute(
+        self, trial: optuna.Trial, stage: str, params: dict[str, Any], workload: Workload, extra: dict[str, Any]
+    ) -> TrialResult:
+        flags = self.adapter.to_flags({**self.job.engine.fixed_flags, **self.job.space.fixed, **params})
+        trial_dir = self.job.dir / "trials" / str(trial.number)
+        attrs = {
+            "stage": stage,
+            "params": params,
+            "flags": flags,
+            "host": socket.gethostname(),
+            "trial_dir": str(trial_dir.resolve()),
+            **extra,
+        }
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        self.progress.trial_started(trial.number, stage, params)
+        spec = TrialSpec(
+            trial.number,
+            stage,
+            flags,
+            trial_dir,
+            repeats=self.job.study.repeats,
+            on_launch=lambda pgid: trial.set_user_attr("engine_pgid", pgid),
+        )
+        try:
+            result = run_trial(spec, self.adapter, workload, self.progress)
+        except BaseException:
+            # Ctrl-C or a bug: the engine is already torn down; record the trial as failed so the
+            # study stays consistent and a resume re-runs it.
+            trial.set_user_attr("outcome", "interrupted")
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
+        self._record(trial, result)
+        self.progress.trial_finished({**result.summary(), "best": self.best_summary()})
+        return result
+
+    def _record(self, trial: optuna.Trial, result: TrialResult) -> None:
+        assert result.score is not None
+        attrs = {
+            "outcome": str(result.outcome),
+            "constraints": result.score.constraints,
+            "violations": result.score.violations,
+            "metrics": result.metrics,
+            "spread": result.spread,
+            "facts": result.facts,
+            "timings": result.timings,
+            "reason": result.reason,
+            "argv": result.argv,
+            "engine_args": result.engine_args,
+            "env": redact_env(result.env),
+            "log_path": result.log_path,
+        }
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        if result.outcome.retryable:
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:
+            self.study.tell(trial, result.score.value)
+
+    def best_summary(self) -> dict[str, Any] | None:
+        best = best_trial(self.study)
+        return None if best is None else {"number": best.number, "value": best.value}
+
+    # -- shared stages
+    def retry_failed(self) -> None:
+        """Re-run (within the retry budget) trials that crashed, timed out or were interrupted."""
+        for t in self.trials():
+            if t.state != TrialState.FAIL or t.user_attrs.get("retried") or "params" not in t.user_attrs:
+                continue
+            attempts = int(t.user_attrs.get("attempt", 0))
+            if attempts >= self.job.study.retries or self.out_of_time():
+                continue
+            self.study._storage.set_trial_user_attr(t._trial_id, "retried", True)
+            self.progress.message(f"retrying trial {t.number} ({t.user_attrs.get('outcome', 'failed')})")
+            keep = ("validates", "probe", "workload_override")
+            extra = {k: t.user_attrs[k] for k in keep if k in t.user_attrs}
+            override = t.user_attrs.get("workload_override")
+            workload = Workload.model_validate(override) if override else None
+            self.run(
+                t.user_attrs["stage"],
+                explicit=t.user_attrs["params"],
+                workload=workload,
+                extra={**extra, "attempt": attempts + 1, "retry_of": t.number},
+            )
+
+    def baseline(self) -> None:
+        if self.job.study.baseline and not self.finished(STAGE_BASELINE) and not self.out_of_time():
+            self.run(STAGE_BASELINE)
+
+    def search(
+        self, space: SearchSpace, quota: int, stage: str = STAGE_SEARCH, fixed: Mapping[str, Any] | None = None
+    ) -> None:
+        while len(self.finished(stage)) < quota and not self.out_of_time():
+            self.run(stage, explicit=fixed, sample=space)
+            self.retry_failed()
+
+    def validate(self) -> None:
+        """Re-run the top finalists with fresh engines and rank them by the median value."""
+        cfg = self.job.study
+        if cfg.finalists == 0 or cfg.validation_runs == 0:
+            return
+        for finalist in self._finalists(cfg.finalists):
+            done = [t for t in self.finished(STAGE_VALIDATION) if t.user_attrs.get("validates") == finalist.number]
+            for _ in range(cfg.validation_runs - len(done)):
+                if self.out_of_time():
+                    break
+                self.run(STAGE_VALIDATION, explicit=finalist.user_attrs["params"], extra={"validates": finalist.number})
+            self._store_validation(finalist)
+
+    def _finalists(self, n: int) -> list[FrozenTrial]:
+        candidates = [
+            t
+            for t in self.trials()
+            if t.user_attrs.get("stage") != STAGE_VALIDATION
+            and t.state == TrialState.COMPLETE
+            and not t.user_attrs.get("workload_override")  # a probe's peak-load number is not comparable
+            and is_feasible(t.user_attrs.get("outcome"), t.user_attrs.get("constraints"))
+        ]
+        maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
+        return sorted(candidates, key=lambda t: t.value or 0.0, reverse=maximize)[:n]
+
+    def _store_validation(self, finalist: FrozenTrial) -> None:
+        runs = [t for t in self.finished(STAGE_VALIDATION) if t.user_attrs.get("validates") == finalist.number]
+        ok = [is_feasible(t.user_attrs.get("outcome"), t.user_attrs.get("constraints")) for t in runs]
+        values = [float(finalist.value or 0.0)] + [
+            float(t.value or 0.0) if good else 0.0 for t, good in zip(runs, ok, strict=True)
+        ]
+        median = statistics.median(values)
+        storage = self.study._storage
+        storage.set_trial_user_attr(finalist._trial_id, "validated_values", values)
+        storage.set_trial_user_attr(finalist._trial_id, "validated_median", median)
+        storage.set_trial_user_attr(
+            finalist._trial_id, "validated_spread", (max(values) - min(values)) / median if median else 0.0
+        )
+        # A finalist that fails any re-run is not a safe deployment: keep it out of "best".
+        if not all(ok):
+            storage.set_trial_user_attr(finalist._trial_id, "outcome", "unstable")

@@ -1,0 +1,423 @@
+"""The tuning methodology the seed articles teach by hand, as stages of one study.
+
+1. baseline        — the engine's defaults; every result is a gain over it (runner.py).
+2. context         — ``context_len`` = the workload's longest request + headroom.
+3. memory_edge     — raise the memory fraction in 0.02 steps (or bisect) until it fails *under
+                     the workload's peak shape*; keep the last stable value minus one step.
+4. cuda_graph      — double the captured max batch while giving back 0.02 of memory; keep it
+                     only if throughput improves beyond the measured noise.
+5. scenario        — Optuna over the remaining batching/scheduling knobs, warm-started with the
+                     articles' recommended configurations for the workload's scenario.
+6. validation      — finalists re-run with fresh engines, ranked by median (runner.py).
+
+Each stage stores its decision in the study (``stage.<name>`` user attribute) and its trials
+are tagged with the stage, so a resumed run continues where it stopped. A stage with nothing
+to tune (no such knob in the space, a CPU engine) is skipped with a message, never faked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import CategoricalParam, FloatParam, IntParam, SearchSpace, Workload
+from autotune.outcomes import Outcome
+from autotune.search.runner import StudyRun
+
+__all__ = ["MemoryProbe", "plan_budget", "run_staged"]
+
+STEP = 0.02
+MEMORY, GRAPH, CONTEXT = "memory_fraction", "cuda_graph_max_bs", "context_len"
+
+
+# ------------------------------------------------------------------------------ budget
+def plan_budget(total: int, space: SearchSpace) -> dict[str, int]:
+    """Split the trial budget: a few probes for the memory edge, one per graph size, the rest
+    (at least a third) for the scenario search."""
+    memory = min(max(3, total // 4), 8) if MEMORY in space.params else 0
+    graph = max(0, len(_graph_sizes(space)) - 1)
+    scenario = max(total - memory - graph, math.ceil(total / 3))
+    return {"memory_edge": memory, "cuda_graph": graph, "scenario": scenario}
+
+
+# ------------------------------------------------------------------------------ memory edge
+@dataclass
+class MemoryProbe:
+    """Where the memory edge lies, from the fractions tried so far.
+
+    ``results`` maps fraction → "ok" | "too_high" | "too_low". The engine's behaviour is
+    monotonic in the fraction (too low: no room for KV; too high: OOM), so the edge is the
+    highest "ok" below the lowest "too_high".
+    """
+
+    start: float
+    high: float
+    mode: str = "step"  # or "bisect"
+    step: float = STEP
+
+    def next(self, results: Mapping[float, str]) -> float | None:
+        if not results:
+            return self.start
+        lo = max((f for f, r in results.items() if r in ("ok", "too_low")), default=None)
+        hi = min((f for f, r in results.items() if r == "too_high"), default=None)
+        if lo is None:  # even the start failed high: step down
+            assert hi is not None
+            nxt = self._snap(hi - 2 * self.step)
+            return nxt if nxt >= self.step and nxt not in results else None
+        ceiling = hi if hi is not None else self._snap(self.high + self.step)
+        if ceiling - lo <= self.step + 1e-9:
+            return None
+        nxt = lo + self.step if self.mode == "step" else self._snap((lo + ceiling) / 2)
+        nxt = min(max(nxt, self._snap(lo + self.step)), self._snap(ceiling - self.step))
+        return None if nxt > self.high + 1e-9 or nxt in results else self._snap(nxt)
+
+    def edge(self, results: Mapping[float, str]) -> float | None:
+        """The last stable value, minus one safety step when a failure was seen above it."""
+        ok = [f for f, r in results.items() if r == "ok"]
+        if not ok:
+            return None
+        best = max(ok)
+        failed_above = any(r == "too_high" and f > best for f, r in results.items())
+        backed = self._snap(best - self.step)
+        return backed if failed_above and backed >= min(ok) else best
+
+    def _snap(self, value: float) -> float:
+        return round(round(value / self.step) * self.step, 4)
+
+
+def _verdict(outcome: str, facts: Mapping[str, Any]) -> str:
+    if outcome in (Outcome.OK, Outcome.SLO_VIOLATION):
+        return "ok"
+    if outcome == Outcome.KV_INSUFFICIENT:
+        return "too_low"
+    if outcome in (Outcome.OOM_STARTUP, Outcome.OOM_RUNTIME):
+        return "too_high"
+    return "failed"  # crash/timeout: says nothing about memory; retried by the runner
+
+
+def peak_workload(workload: Workload, concurrency: int) -> Workload:
+    """The workload's peak shape: every slot busy with the longest request, all at once, so the
+    KV pool, the largest prefill batch and the activation peak are all exercised."""
+    d = workload.dataset
+    longest_in = int(d.input_len * (1 + d.range_ratio))
+    longest_out = int(d.output_len * (1 + d.range_ratio))
+    return workload.model_copy(
+        update={
+            "name": f"{workload.name}-peak",
+            "dataset": d.model_copy(update={"input_len": longest_in, "output_len": longest_out, "range_ratio": 0.0}),
+            "num_prompts": 2 * concurrency,
+            "warmup_requests": 0,
+            "arrival": workload.arrival.model_copy(update={"concurrency": concurrency, "request_rate": math.inf}),
+            "slos": {},
+            "max_error_rate": 0.0,
+        }
+    )
+
+
+def _memory_semantics(run: StudyRun) -> tuple[float, float, str]:
+    """(safe start, upper bound, what the knob means for the installed engine)."""
+    p = run.job.space.params[MEMORY]
+    assert isinstance(p, FloatParam)
+    version = _engine_version(run)
+    if run.adapter.name == "sglang":
+        note = (
+            "SGLang's --mem-fraction-static is a share of the free memory measured before weights load "
+            "(weights + KV pool); graphs and activations live in the rest"
+        )
+        return max(p.low, 0.80), p.high, note
+    if version and _version_tuple(version) >= (0, 34):
+        note = (
+            f"vLLM {version} sizes an extensible KV cache after warm-up with utilization effectively 1.0; "
+            "probing the utilization cap (the start-up free-memory check is skipped)"
+        )
+        return max(p.low, 0.90), min(p.high, 1.0), note
+    note = (
+        f"vLLM {version or '≤0.33'} reserves utilization × total memory up front and sizes KV from a "
+        "profile run; probing --gpu-memory-utilization"
+    )
+    return max(p.low, 0.80), p.high, note
+
+
+def _engine_version(run: StudyRun) -> str | None:
+    for t in run.trials():
+        v = (t.user_attrs.get("facts") or {}).get("engine_version")
+        if v:
+            return str(v)
+    return None
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    parts = []
+    for piece in v.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def _on_cpu(run: StudyRun) -> bool:
+    return any((t.user_attrs.get("facts") or {}).get("kv_device") == "cpu" for t in run.trials())
+
+
+def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> float | None:
+    """Find the highest memory fraction that survives the peak load; returns it (or None)."""
+    state = run.stage_state("memory_edge")
+    if state is not None and state.get("done"):
+        return state.get("edge")
+    if MEMORY not in run.job.space.params:
+        _skip(run, "memory_edge", "the search space has no memory_fraction")
+        return None
+    if _on_cpu(run):
+        _skip(
+            run,
+            "memory_edge",
+            "the CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, not from the memory fraction",
+        )
+        return None
+    start, high, note = _memory_semantics(run)
+    run.progress.message(f"memory edge ({mode}): {note}")
+    probe = MemoryProbe(start=start, high=high, mode=mode)
+    peak = peak_workload(run.job.workload, _peak_concurrency(run, fixed))
+    results = _probe_results(run)
+    while len(run.finished("memory_edge")) < quota and not run.out_of_time():
+        fraction = probe.next(results)
+        if fraction is None:
+            break
+        result = run.run("memory_edge", explicit={**fixed, MEMORY: fraction}, workload=peak, extra={"probe": fraction})
+        verdict = _verdict(str(result.outcome), result.facts)
+        if verdict != "failed":
+            results[fraction] = verdict
+        run.retry_failed()
+        results = _probe_results(run)
+    edge = probe.edge(results)
+    key = f"context={fixed.get(CONTEXT, 'default')},graph={fixed.get(GRAPH, 'default')}"
+    run.set_stage_state(
+        "memory_edge",
+        {
+            "done": True,
+            "edge": edge,
+            "results": {str(k): v for k, v in results.items()},
+            "key": key,
+            "mode": mode,
+            "note": note,
+        },
+    )
+    edges = dict(run.study.user_attrs.get("memory_edges", {}))
+    edges[key] = edge
+    run.study.set_user_attr("memory_edges", edges)
+    run.progress.message(f"memory edge: {edge} under peak load ({key}); tried {sorted(results.items())}")
+    return edge
+
+
+def _probe_results(run: StudyRun) -> dict[float, str]:
+    out: dict[float, str] = {}
+    for t in run.finished("memory_edge"):
+        verdict = _verdict(str(t.user_attrs.get("outcome")), t.user_attrs.get("facts") or {})
+        if verdict != "failed" and "probe" in t.user_attrs:
+            out[float(t.user_attrs["probe"])] = verdict
+    return out
+
+
+def _peak_concurrency(run: StudyRun, fixed: Mapping[str, Any]) -> int:
+    """How many requests run at once at peak: the largest max_running the space allows."""
+    value = fixed.get("max_running")
+    if value is not None:
+        return int(value)
+    p = run.job.space.params.get("max_running")
+    if isinstance(p, IntParam):
+        return p.high
+    if isinstance(p, CategoricalParam):
+        return int(max(p.choices))
+    return run.job.workload.arrival.concurrency or 256
+
+
+# ------------------------------------------------------------------------------ CUDA graphs
+def _graph_sizes(space: SearchSpace) -> list[int]:
+    p = space.params.get(GRAPH)
+    if isinstance(p, CategoricalParam):
+        return sorted(int(c) for c in p.choices)
+    if isinstance(p, IntParam):
+        sizes, s = [], p.low
+        while s <= p.high:
+            sizes.append(s)
+            s *= 2
+        return sizes
+    return []
+
+
+def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float) -> dict[str, Any]:
+    """Walk the captured max batch up (256 → 512 → 768 …) giving back 0.02 of memory per step;
+    keep a larger size only when throughput beats the current best by more than the noise."""
+    state = run.stage_state("cuda_graph")
+    if state is not None and state.get("done"):
+        return dict(state.get("fixed", {}))
+    sizes = _graph_sizes(run.job.space)
+    if not sizes:
+        _skip(run, "cuda_graph", "the search space has no cuda_graph_max_bs")
+        return {}
+    if _on_cpu(run):
+        _skip(run, "cuda_graph", "the CPU build captures no CUDA graphs")
+        return {}
+    best: dict[str, Any] | None = None
+    best_value = -math.inf
+    for i, size in enumerate(sizes):
+        if run.out_of_time():
+            break
+        choice = {**fixed, GRAPH: size}
+        if MEMORY in fixed:
+            choice[MEMORY] = round(fixed[MEMORY] - STEP * i, 4)
+        t = _existing(run, "cuda_graph", choice) or run.run("cuda_graph", explicit=choice).summary()
+        value = t["value"] if t["outcome"] == Outcome.OK else -math.inf
+        keep = best is None or value > best_value * (1 + noise)
+        run.progress.message(
+            f"cuda graph max bs {size}: {value:,.1f} → {'kept' if keep else 'rejected (within noise)'}"
+        )
+        if keep and value > -math.inf:
+            best, best_value = choice, value
+    decision = {k: v for k, v in (best or {}).items() if k in (GRAPH, MEMORY)}
+    run.set_stage_state("cuda_graph", {"done": True, "fixed": decision, "noise": noise})
+    return decision
+
+
+def _existing(run: StudyRun, stage: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A finished trial of this stage with these params (so a resume does not repeat it)."""
+    for t in run.finished(stage):
+        if t.user_attrs.get("params") == dict(params):
+            return {"value": t.value, "outcome": t.user_attrs.get("outcome")}
+    return None
+
+
+# ------------------------------------------------------------------------------ scenario search
+SCENARIOS: dict[str, dict[str, Any]] = {
+    # The articles' recommended starting points (seed 000, §5), per scenario.
+    "online": {"max_running": 64, "batched_tokens": 4096, "schedule_conservativeness": 1.2},
+    "offline": {"max_running": 256, "batched_tokens": 16384, "schedule_conservativeness": 0.3},
+    "long_context": {"max_running": 32, "batched_tokens": 8192},
+    "shared_prefix": {"prefix_caching": True, "schedule_policy": "lpm"},
+}
+
+
+def scenario_of(workload: Workload) -> str:
+    d = workload.dataset
+    if d.prefix_len > 0:
+        return "shared_prefix"
+    if d.input_len >= 8192:
+        return "long_context"
+    return "online" if workload.slos else "offline"
+
+
+def _snap_to_space(space: SearchSpace, wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep recommended values the space can express (clipped to ranges, nearest choice)."""
+    out: dict[str, Any] = {}
+    for name, value in wanted.items():
+        p = space.params.get(name)
+        if isinstance(p, (IntParam, FloatParam)) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            clipped = min(max(value, p.low), p.high)
+            out[name] = int(clipped) if isinstance(p, IntParam) else float(clipped)
+        elif isinstance(p, CategoricalParam):
+            numeric = [c for c in p.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+            if value in p.choices:
+                out[name] = value
+            elif numeric and isinstance(value, (int, float)):
+                out[name] = min(numeric, key=lambda c: abs(c - value))
+        elif p is not None and p.type == "bool" and isinstance(value, bool):
+            out[name] = value
+    return out
+
+
+def conservativeness_hint(facts: Mapping[str, Any], current: float) -> float | None:
+    """SGLang's rule of thumb: KV underused with a queue → schedule more boldly; retractions →
+    more carefully (seed 000, §3.2)."""
+    if (facts.get("retractions") or 0) > 0:
+        return round(min(current * 1.3, 2.0), 2)
+    usage, queue = facts.get("token_usage_peak"), facts.get("queue_peak")
+    if usage is not None and usage < 0.9 and (queue or 0) > 0:
+        return round(max(current * 0.6, 0.1), 2)
+    return None
+
+
+def scenario_search(run: StudyRun, quota: int, fixed: dict[str, Any]) -> None:
+    space = run.job.space
+    rest = SearchSpace(params={k: v for k, v in space.params.items() if k not in fixed})
+    if not rest.params:
+        _skip(run, "scenario", "every knob of the space was decided by earlier stages")
+        return
+    hint: dict[str, Any] | None = None
+    if not run.finished("scenario"):
+        scenario = scenario_of(run.job.workload)
+        hint = _snap_to_space(rest, SCENARIOS[scenario])
+        run.progress.message(
+            f"scenario search ({scenario} workload): first trial from the articles' {hint or 'defaults'}"
+        )
+    while len(run.finished("scenario")) < quota and not run.out_of_time():
+        result = run.run("scenario", explicit=fixed, sample=rest, hint=hint)
+        hint = _conservativeness_next(run, rest, result.facts, result.flags)
+        run.retry_failed()
+
+
+def _conservativeness_next(
+    run: StudyRun, rest: SearchSpace, facts: Mapping[str, Any], flags: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    name = "schedule_conservativeness"
+    if name not in rest.params:
+        return None
+    current = float(flags.get("--schedule-conservativeness", 1.0))
+    target = conservativeness_hint(facts, current)
+    snapped = _snap_to_space(rest, {name: target}) if target is not None else {}
+    if snapped:
+        run.progress.message(f"schedule conservativeness {current} → trying {snapped[name]} (from the engine's log)")
+    return snapped or None
+
+
+# ------------------------------------------------------------------------------ context
+def context(run: StudyRun, fixed: dict[str, Any]) -> dict[str, Any]:
+    state = run.stage_state("context")
+    if state is not None and state.get("done"):
+        return dict(state.get("fixed", {}))
+    if CONTEXT not in run.adapter.knobs:
+        _skip(run, "context", f"{run.adapter.name} has no context-length flag")
+        return {}
+    settled = {**run.job.engine.fixed_flags, **run.job.space.fixed}
+    if CONTEXT in settled or CONTEXT in run.job.space.params:
+        _skip(run, "context", "context_len is already fixed or searched by the space")
+        return {}
+    longest = run.job.workload.longest_request_tokens
+    length = int(math.ceil(longest * 1.1 / 256) * 256)
+    run.progress.message(
+        f"context: {length} tokens (longest request {longest} + 10 % headroom): "
+        "the memory it frees goes to the KV cache"
+    )
+    choice = {**fixed, CONTEXT: length}
+    result = _existing(run, "context", choice) or run.run("context", explicit=choice).summary()
+    decision = {CONTEXT: length} if result["outcome"] in (Outcome.OK, Outcome.SLO_VIOLATION) else {}
+    run.set_stage_state("context", {"done": True, "fixed": decision})
+    return decision
+
+
+def _skip(run: StudyRun, stage: str, why: str) -> None:
+    if run.stage_state(stage) is None:
+        run.progress.message(f"{stage}: skipped — {why}")
+        run.set_stage_state(stage, {"done": True, "skipped": why})
+
+
+def _noise(run: StudyRun) -> float:
+    """Relative run-to-run noise: the largest spread seen on the objective, at least 3 %."""
+    metric = run.job.workload.objective.metric
+    spreads = [float((t.user_attrs.get("spread") or {}).get(metric, 0.0)) for t in run.trials()]
+    return max([0.03, *spreads])
+
+
+# ------------------------------------------------------------------------------ orchestration
+def run_staged(run: StudyRun, memory_mode: str = "step") -> None:
+    budget = plan_budget(run.job.study.trials, run.job.space)
+    run.retry_failed()
+    run.baseline()
+    fixed: dict[str, Any] = {}
+    fixed.update(context(run, fixed))
+    edge = memory_edge(run, budget["memory_edge"], fixed, memory_mode)
+    if edge is not None:
+        fixed[MEMORY] = edge
+    fixed.update(cuda_graph(run, fixed, _noise(run)))
+    scenario_search(run, budget["scenario"], fixed)
+    run.validate()

@@ -1,0 +1,232 @@
+"""What every simulated engine process shares: its clock, log writer, socket, routes and exit.
+
+A dialect module (``vllm.py``, ``sglang.py``) tells the story of one engine — its flags, its
+start-up lines in order, its failure paths, its endpoints and metric names — using these parts.
+
+Contract of a dialect: :meth:`Dialect.main` parses argv exactly as the real engine would (exit 2
+on usage errors, ``--help`` in argparse's format), then runs the process to its end and returns
+the exit code the real engine would give (``os._exit`` or a self-SIGKILL where the real one dies
+that way). Every modelled duration goes through :meth:`Runtime.pause`, which divides it by
+``AUTOTUNE_SIM_SPEEDUP``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from typing import TextIO
+
+from autotune.sim.engine import Engine, EngineObserver
+from autotune.sim.http import Handler, Request, Responder, serve
+from autotune.sim.kvcache import BlockPool
+from autotune.sim.memory import Footprint
+from autotune.sim.perf import PerfModel
+from autotune.sim.scheduler import Scheduler
+from autotune.sim.settings import SimSettings
+from autotune.sim.stats import EngineStats
+
+__all__ = ["Dialect", "LogWriter", "Router", "Runtime", "human_int", "modelled_banner"]
+
+
+def modelled_banner(settings: SimSettings) -> str:
+    """The line every simulated engine prints: its numbers are a model, not a measurement."""
+    return (
+        f"autotune simulator: this is not a real engine; every number it reports is modelled by autotune's "
+        f"simulator (GPU {settings.gpu.name} x{settings.num_gpus}, speedup {settings.speedup:g}x: wall-clock "
+        f"times are modelled times / {settings.speedup:g}), not measured on hardware."
+    )
+
+
+def human_int(value: str) -> int:
+    """``32k`` = 32000, ``32K`` = 32768 (also m/M, g/G); plain integers pass through."""
+    text = value.strip()
+    decimal = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+    binary = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    if text and text[-1] in decimal:
+        return int(float(text[:-1]) * decimal[text[-1]])
+    if text and text[-1] in binary:
+        return int(float(text[:-1]) * binary[text[-1]])
+    if text.endswith("i") and len(text) > 1 and text[-2] in binary:  # SGLang's 1Ki
+        return int(float(text[:-2]) * binary[text[-2]])
+    return int(text)
+
+
+class LogWriter:
+    """Buffered log output: startup and error lines flush at once, chatty lines periodically."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        self.out, self.err = out, err
+
+    def write(self, text: str, *, stderr: bool = False, flush: bool = True) -> None:
+        stream = self.err if stderr else self.out
+        stream.write(text if text.endswith("\n") else text + "\n")
+        if flush:
+            stream.flush()
+
+    def flush(self) -> None:
+        for stream in (self.out, self.err):
+            try:
+                stream.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+
+
+class Router:
+    """Method + path → handler, with FastAPI's 404/405 bodies."""
+
+    def __init__(self) -> None:
+        self._routes: dict[str, dict[str, Handler]] = {}
+
+    def add(self, methods: str | Iterable[str], path: str, handler: Handler) -> None:
+        for method in [methods] if isinstance(methods, str) else methods:
+            self._routes.setdefault(path, {})[method] = handler
+
+    def paths(self) -> list[tuple[str, list[str]]]:
+        return [(p, sorted(m)) for p, m in self._routes.items()]
+
+    def __call__(self, request: Request, resp: Responder) -> None:
+        methods = self._routes.get(request.path)
+        if methods is None:
+            resp.json(404, {"detail": "Not Found"})
+        elif request.method not in methods:
+            resp.json(405, {"detail": "Method Not Allowed"})
+        else:
+            methods[request.method](request, resp)
+
+
+class Runtime:
+    """The process-level services a dialect uses while it tells its story."""
+
+    def __init__(self, settings: SimSettings, log: LogWriter) -> None:
+        self.settings = settings
+        self.log = log
+        self.server: asyncio.AbstractServer | None = None
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def pause(self, modelled_s: float) -> None:
+        """Let ``modelled_s`` modelled seconds pass (÷ speed-up on the wall clock)."""
+        if modelled_s > 0:
+            await asyncio.sleep(modelled_s / self.settings.speedup)
+
+    def later(self, modelled_s: float, callback: Callable[[], object]) -> None:
+        """Run ``callback`` after ``modelled_s`` modelled seconds."""
+        asyncio.get_running_loop().call_later(modelled_s / self.settings.speedup, callback)
+
+    async def hang(self) -> None:
+        """Block forever (a hung engine)."""
+        self.log.flush()
+        await asyncio.Event().wait()
+
+    @staticmethod
+    def bind(host: str | None, port: int) -> socket.socket:
+        """Bind (not listen): the port is taken but refuses connections until :meth:`listen`."""
+        family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host or "0.0.0.0", port))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    async def listen(self, sock: socket.socket, handler: Handler) -> None:
+        """Start answering HTTP on the bound socket."""
+        self.server = await serve(sock, handler)
+        self._flusher = asyncio.create_task(self._flush_forever())
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            self.log.flush()
+
+    def on_signals(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(signum)`` on SIGTERM / SIGINT."""
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, callback, signum)
+
+    def exit(self, code: int) -> None:
+        """Leave now with ``code`` (no interpreter teardown, like a process that is done)."""
+        self.log.flush()
+        os._exit(code)
+
+    def kill_self(self) -> None:
+        """Die by SIGKILL, as SGLang's launcher does to its own tree after a child failed."""
+        self.log.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def build_engine(
+        self,
+        scheduler: Scheduler,
+        perf: PerfModel,
+        stats: EngineStats,
+        fp: Footprint,
+        headroom: float,
+        observer: EngineObserver,
+        rank: int = 0,
+    ) -> Engine:
+        """An engine core on this process's clock, with the settings' noise, seed and faults."""
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        return Engine(
+            scheduler, perf, stats, fp=fp, headroom=headroom, speedup=s.speedup, noise=s.noise,
+            seed=s.seed + rank, faults=s.faults, observer=observer, clock=loop.time,
+        )
+
+
+def new_pool(blocks: int, block_size: int, caching: bool) -> BlockPool:
+    """A KV block pool (at least one block so arithmetic stays defined)."""
+    return BlockPool(max(1, blocks), block_size, caching)
+
+
+def fmt_commas(n: int) -> str:
+    return f"{n:,}"
+
+
+def ts_vllm() -> str:
+    return time.strftime("%m-%d %H:%M:%S")
+
+
+def ts_sglang(ms: bool) -> str:
+    now = time.time()
+    base = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+    return f"{base}.{int(now % 1 * 1000):03d}" if ms else base
+
+
+def capture_sizes(max_size: int, steps: Sequence[tuple[int, int, int]]) -> list[int]:
+    """Sizes from ``(start, stop, step)`` ranges up to ``max_size``, with ``max_size`` itself."""
+    sizes = sorted({s for start, stop, step in steps for s in range(start, stop, step) if s <= max_size})
+    if max_size > 0 and (not sizes or sizes[-1] != max_size):
+        sizes.append(max_size)
+    return sizes
+
+
+def gib(n: float) -> float:
+    return n / float(1 << 30)
+
+
+def ceil_to(n: float, step: int) -> int:
+    return int(math.ceil(n / step) * step)
+
+
+class Dialect(ABC):
+    """One engine's command line and process story."""
+
+    name: str
+
+    def __init__(self, settings: SimSettings, log: LogWriter | None = None) -> None:
+        self.settings = settings
+        self.log = log or LogWriter(sys.stdout, sys.stderr)
+        self.rt = Runtime(settings, self.log)
+
+    @abstractmethod
+    def main(self, argv: list[str]) -> int:
+        """Run the engine process for ``argv``; return its exit code."""

@@ -1,0 +1,258 @@
+"""The engine core: steps the scheduler in modelled time and maps it onto the wall clock.
+
+Each step asks the scheduler for a batch, prices it with the performance model, advances the
+modelled clock by the step time (× noise), waits until the wall clock reaches that modelled
+time ÷ speed-up, then commits the step and hands every sampled token to its request's sink.
+Work is per step and per sampled token, never per request per wall tick.
+
+Wall mapping: ``wall = wall0 + (t − t0) ÷ speedup``. Steps shorter than a millisecond of wall
+time run back to back (the event loop still serves I/O between them), so a fast-forwarded run
+keeps its modelled rates. When the host CPU cannot keep up — the engine is more than
+``LAG_LIMIT_S`` of wall time behind — the mapping is re-anchored and the lag is counted
+(``EngineStats.wall_lag_s``) and reported, because client-side numbers are then lower than
+the modelled ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from autotune.sim.memory import Footprint, step_bytes
+from autotune.sim.perf import GraphMode, PerfModel
+from autotune.sim.scheduler import Batch, Scheduler, SimRequest
+from autotune.sim.settings import FaultPlan
+from autotune.sim.stats import EngineStats
+
+__all__ = ["Engine", "EngineObserver", "Fatal", "TokenSink"]
+
+LAG_LIMIT_S = 0.05
+SLEEP_MIN_S = 0.001  # the event loop cannot sleep shorter than its clock resolution
+
+
+class TokenSink(Protocol):
+    """Where a request's tokens go (an HTTP stream, a buffered response, a warm-up)."""
+
+    def emit(self, req: SimRequest, finished: bool) -> None:
+        """One more token (``req.generated`` counts it); ``finished`` on the last one."""
+
+    def fail(self, req: SimRequest, message: str) -> None:
+        """The request ends in an error (engine death, OOM abort)."""
+
+
+class Fatal(Exception):
+    """The engine died. ``kind`` is ``oom`` or ``crash``; ``need``/``free`` are bytes for OOMs."""
+
+    def __init__(self, kind: str, *, need: float = 0.0, free: float = 0.0) -> None:
+        super().__init__(kind)
+        self.kind, self.need, self.free = kind, need, free
+
+
+class EngineObserver(Protocol):
+    """The dialect's view of the engine: log lines and death."""
+
+    def on_step(self, batch: Batch, now: float) -> None:
+        """After each committed step (``now`` in modelled seconds)."""
+
+    def on_fatal(self, fatal: Fatal) -> None:
+        """The engine just died; in-flight requests are still registered."""
+
+    def on_lag(self, lag_s: float) -> None:
+        """The host CPU fell behind modelled time by ``lag_s`` wall seconds in total."""
+
+
+class Engine:
+    """One engine core (one data-parallel rank)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        perf: PerfModel,
+        stats: EngineStats,
+        *,
+        fp: Footprint,
+        headroom: float,
+        speedup: float,
+        noise: float,
+        seed: int,
+        faults: FaultPlan,
+        observer: EngineObserver,
+        clock: Callable[[], float],
+    ) -> None:
+        self.scheduler, self.perf, self.stats = scheduler, perf, stats
+        self.fp, self.headroom = fp, headroom
+        self.speedup, self.noise = speedup, noise
+        self.faults = faults
+        self.observer = observer
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._wall0 = clock()
+        self._t0 = 0.0
+        self.t = 0.0  # modelled seconds
+        self._wake = asyncio.Event()
+        self.dead = False
+        self.hung = False
+        self._force_oom = False
+        self._last_lag_report = 0.0
+
+    # ----------------------------------------------------------------------------- clock
+    def model_now(self) -> float:
+        """The modelled time of this wall instant (the engine's own time while it is busy)."""
+        if self.scheduler.has_work():
+            return self.t
+        return max(self.t, self._t0 + (self._clock() - self._wall0) * self.speedup)
+
+    def _resync(self) -> None:
+        self._t0, self._wall0 = self.t, self._clock()
+
+    # --------------------------------------------------------------------------- requests
+    def submit(self, req: SimRequest) -> None:
+        """Queue a request; may trip a fault that counts requests."""
+        if self.dead:
+            raise Fatal("crash")
+        self.t = self.model_now()
+        req.arrival = self.t
+        self.stats.requests_total += 1
+        self.scheduler.add(req)
+        self._wake.set()
+        self._count_faults(self.stats.requests_total)
+
+    def abort(self, req: SimRequest) -> None:
+        """The client went away: stop generating and free the request's KV."""
+        if not req.done:
+            self.scheduler.abort(req)
+            self.stats.finished["abort"] += 1
+
+    def _count_faults(self, n: int) -> None:
+        f = self.faults
+        if f.hang_after_requests is not None and n >= f.hang_after_requests:
+            self.hung = True
+        if f.oom_after_requests is not None and n >= f.oom_after_requests:
+            self._force_oom = True
+        if f.crash_after_requests is not None and n >= f.crash_after_requests:
+            asyncio.get_running_loop().call_soon(self.die, Fatal("crash"))
+
+    def in_flight(self) -> list[SimRequest]:
+        """Every request the engine still holds (running, queued, mid-prefill)."""
+        reqs = [*self.scheduler.running, *self.scheduler.waiting]
+        chunked = getattr(self.scheduler, "chunked_req", None)
+        if chunked is not None and chunked not in reqs:
+            reqs.append(chunked)
+        return [r for r in reqs if not r.done]
+
+    def die(self, fatal: Fatal) -> None:
+        """Stop the engine for good and let the dialect report it."""
+        if self.dead:
+            return
+        self.dead = True
+        self._wake.set()
+        self.observer.on_fatal(fatal)
+
+    # ------------------------------------------------------------------------------- loop
+    async def run(self) -> None:
+        """Step until the engine dies."""
+        while not self.dead:
+            if self.hung:
+                await asyncio.Event().wait()  # a hung engine never steps again
+            if not self.scheduler.has_work():
+                await self._idle()
+                continue
+            batch = self.scheduler.schedule(self.t)
+            if batch is None:
+                await self._idle()
+                continue
+            for req in batch.aborted:
+                self._finish(req, "error", "Out of memory even after retracting all other requests")
+            if not batch.items:
+                self.observer.on_step(batch, self.t)
+                continue
+            try:
+                self._check_memory(batch)
+            except Fatal as fatal:
+                self.die(fatal)
+                return
+            await self._advance(self.perf.step_time(batch.shape))
+            if self.dead:
+                return
+            self._emit(self.scheduler.commit(batch))
+            self._count_step(batch)
+            self.observer.on_step(batch, self.t)
+
+    async def _idle(self) -> None:
+        self._wake.clear()
+        await self._wake.wait()
+
+    def _check_memory(self, batch: Batch) -> None:
+        shape = batch.shape
+        need = step_bytes(self.fp, shape.tokens, shape.sampled)
+        oversized = self.faults.oom_at_batch_tokens is not None and shape.tokens >= self.faults.oom_at_batch_tokens
+        if self._force_oom or oversized or need > self.headroom:
+            raise Fatal("oom", need=need, free=max(0.0, self.headroom))
+
+    async def _advance(self, dt: float) -> None:
+        """Move modelled time by one step and wait for the wall clock to catch up with it."""
+        if self.noise:
+            dt *= max(0.5, 1.0 + self._rng.gauss(0.0, self.noise))
+        self.t += dt
+        delay = self._wall0 + (self.t - self._t0) / self.speedup - self._clock()
+        if delay >= SLEEP_MIN_S:
+            await asyncio.sleep(delay)
+            return
+        if delay < -LAG_LIMIT_S:
+            self.stats.wall_lag_s += -delay
+            self._resync()
+            if self._clock() - self._last_lag_report > 10.0:
+                self._last_lag_report = self._clock()
+                self.observer.on_lag(self.stats.wall_lag_s)
+        await asyncio.sleep(0)  # let the server read requests and flush streams between steps
+
+    # ----------------------------------------------------------------------------- tokens
+    def _emit(self, sampled: list[SimRequest]) -> None:
+        t, stats = self.t, self.stats
+        finished_any = False
+        for req in sampled:
+            if req.first_token < 0:
+                req.first_token = t
+                stats.ttft.observe(t - req.arrival)
+                stats.queue.observe(max(0.0, req.first_scheduled - req.arrival))
+                stats.prefill_time.observe(t - req.first_scheduled)
+                stats.prompt_tokens += len(req.prompt)
+            else:
+                stats.itl.observe(t - req.last_token)
+            req.last_token = t
+            finished = req.generated >= req.output_len
+            if finished:
+                finished_any = True
+                self._finish(req, req.finish_reason)
+            if req.sink is not None:
+                req.sink.emit(req, finished)
+        stats.generation_tokens += len(sampled)
+        if finished_any:
+            self.scheduler.prune()
+
+    def _finish(self, req: SimRequest, reason: str, error: str | None = None) -> None:
+        stats = self.stats
+        self.scheduler.finish(req)
+        stats.finished[reason] = stats.finished.get(reason, 0) + 1
+        stats.request_preemptions.observe(req.preemptions)
+        if error is not None:
+            if req.sink is not None:
+                req.sink.fail(req, error)
+            return
+        stats.e2e.observe(req.last_token - req.arrival)
+        stats.decode_time.observe(req.last_token - req.first_token)
+        stats.inference_time.observe(req.last_token - req.first_scheduled)
+        if req.generated > 1:
+            stats.tpot.observe((req.last_token - req.first_token) / (req.generated - 1))
+        stats.request_prompt_tokens.observe(len(req.prompt))
+        stats.request_generation_tokens.observe(req.generated)
+
+    def _count_step(self, batch: Batch) -> None:
+        shape, stats = batch.shape, self.stats
+        stats.steps += 1
+        stats.iteration_tokens.observe(shape.tokens)
+        stats.prefill_tokens_computed += shape.tokens - shape.decode_seqs
+        if shape.graph is not GraphMode.EAGER:
+            stats.cuda_graph_passes += 1

@@ -1,0 +1,343 @@
+"""GPU memory model: weights, activations, CUDA graphs and the KV pool, per engine's own rules.
+
+Everything is per GPU (per tensor/pipeline-parallel rank), in bytes.
+
+What is allocated
+-----------------
+* **Weights**: parameters × bytes per parameter ÷ (TP × PP); quantised checkpoints keep the
+  embedding and LM head in bf16. Plus ``WEIGHT_BUFFERS_GIB`` of rotary caches and buffers
+  (vLLM logs 14.99 GiB for Llama-3.1-8B whose bf16 parameters are 14.96 GiB).
+* **CUDA context** (``CUDA_CONTEXT_GIB``): created before either engine takes its memory
+  snapshot, so it is outside vLLM's budget and outside SGLang's ``pre``.
+* **Non-torch memory** (cuBLAS workspaces, NCCL buffers when TP × PP > 1): vLLM counts it in
+  "consumed"; SGLang sees it as memory no longer free.
+* **Activations** of one forward pass: ``act_bytes_per_token`` × batched tokens (the MLP's
+  gate/up/activation outputs dominate: 4.5 × intermediate + 2 × hidden elements per token)
+  plus fp32 logits for every sequence sampled in the step. Calibrated on vLLM's profile of
+  Llama-3.1-8B: 1.21 GiB for 8,192 tokens and 256 sequences (modelled: 1.23 GiB).
+* **CUDA graphs**: each captured graph keeps a small private pool, and the shared pool grows
+  with the largest captured batch: ``graph_bytes_per_graph`` × graphs + ``graph_bytes_per_token``
+  × largest size. vLLM's start-up *estimate* of it undercounts by ``GRAPH_ESTIMATE_ERROR``.
+* **KV pool**: what the engine's rule leaves (below).
+
+The two rules
+-------------
+* **vLLM** (``gpu_worker.py``): ``requested = total × gpu_memory_utilization`` must be free at
+  start; ``KV = requested − consumed − profiled activation peak − graph estimate`` (or
+  ``--kv-cache-memory-bytes``). Blocks = KV ÷ (block size × KV bytes per token); one null block.
+* **SGLang** (``kv_cache_configurator.py``): ``pre`` = free memory at start;
+  ``rest = free after weights − pre × (1 − mem_fraction_static)``; tokens = rest ÷ KV bytes per token.
+  The ``pre × (1 − f)`` slack must hold the attention workspace, graphs and activations.
+
+Where it breaks
+---------------
+* Start-up, too high: vLLM's free-memory check; the weights do not load; graph capture runs
+  out of what is physically left after the KV pool (graphs + the capture's own forward pass).
+* Start-up, too low: no KV blocks, or fewer than one ``max_model_len`` request (vLLM); weights
+  leave nothing under the fraction, or no tokens (SGLang).
+* **Run time** — what start-up checks miss: a step's real activation peak is the profiled one
+  plus ``FRAGMENTATION`` (caching-allocator fragmentation under mixed shapes, an assumption
+  not calibrated on a public number). A large prefill batch with many sampled sequences can
+  then need more than what is physically free after the KV pool and graphs, and the engine
+  dies with a CUDA OOM under load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autotune.sim.presets import GpuPreset, ModelPreset
+
+__all__ = [
+    "CUDA_CONTEXT_GIB",
+    "GIB",
+    "Footprint",
+    "SglangMemory",
+    "SglangMemoryPlan",
+    "VllmMemory",
+    "VllmMemoryPlan",
+    "footprint",
+    "plan_sglang",
+    "plan_vllm",
+    "step_bytes",
+]
+
+GIB = float(1 << 30)
+CUDA_CONTEXT_GIB = 0.5
+NON_TORCH_GIB = 0.32  # vLLM logs "non_torch_memory takes 0.32GiB" for an 8B model at TP=1
+NCCL_GIB = 0.7
+WEIGHT_BUFFERS_GIB = 0.03
+FRAGMENTATION = 0.3
+GRAPH_ESTIMATE_ERROR = 0.08
+SGLANG_WORKSPACE_GIB = 0.25  # attention-backend workspace allocated after the KV pool
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Memory a model costs on one rank of a parallel layout."""
+
+    weight_bytes: float
+    kv_bytes_per_token: int
+    act_bytes_per_token: float
+    logits_bytes_per_seq: float
+    graph_bytes_per_graph: float
+    graph_bytes_per_token: float
+    non_torch_bytes: float
+    layers: int  # layers on this rank
+
+
+def weight_bytes_per_param(dtype: str, quantization: str | None) -> float:
+    """Bytes per non-embedding parameter for a dtype and weight quantization method."""
+    if quantization:
+        q = quantization.lower()
+        if any(tag in q for tag in ("awq", "gptq", "int4", "w4a16", "mxfp4", "nvfp4", "fp4", "bitsandbytes", "wna16")):
+            return 0.5 * 1.06  # 4-bit weights plus group scales
+        if any(tag in q for tag in ("fp8", "int8", "w8a8", "mxfp8", "compressed-tensors", "modelopt")):
+            return 1.0
+    return 4.0 if dtype in ("float", "float32") else 2.0
+
+
+def kv_bytes_per_element(kv_dtype: str, dtype: str) -> float:
+    """Bytes per cached K or V element."""
+    kv = kv_dtype.lower()
+    if "fp8" in kv or "int8" in kv or "mxfp8" in kv:
+        return 1.0
+    if "fp4" in kv or "int4" in kv or "nvfp4" in kv:
+        return 0.5
+    if kv in ("auto", ""):
+        return 4.0 if dtype in ("float", "float32") else 2.0
+    return 2.0
+
+
+def footprint(
+    model: ModelPreset,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    dtype: str = "auto",
+    kv_dtype: str = "auto",
+    quantization: str | None = None,
+) -> Footprint:
+    """What one rank holds for this model, parallel layout and precision."""
+    act_dtype = 4.0 if dtype in ("float", "float32") else 2.0
+    per_param = weight_bytes_per_param(dtype, quantization)
+    body = model.params - model.embedding_params
+    weights = (body * per_param + model.embedding_params * act_dtype) / (tp * pp)
+    layers = math.ceil(model.layers / pp)
+    kv_heads = max(1, math.ceil(model.kv_heads / tp))  # replicated when TP > KV heads
+    kv_per_token = 2 * layers * kv_heads * model.head_dim * kv_bytes_per_element(kv_dtype, dtype)
+    if model.is_moe:
+        inter = model.experts_per_token * model.expert_intermediate + model.intermediate
+        routing = 2 * model.experts_per_token * model.hidden  # permuted copies of the token
+    else:
+        inter, routing = model.intermediate, 0
+    act_per_token = act_dtype * (4.5 * inter / tp + 2 * model.hidden + routing)
+    non_torch = (NON_TORCH_GIB + (NCCL_GIB if tp * pp > 1 else 0.0)) * GIB
+    return Footprint(
+        weight_bytes=weights + WEIGHT_BUFFERS_GIB * GIB,
+        kv_bytes_per_token=int(kv_per_token),
+        act_bytes_per_token=act_per_token,  # one layer's activations at a time: PP does not shrink it
+        logits_bytes_per_seq=4.0 * model.vocab,
+        graph_bytes_per_graph=layers * 96 * 1024,
+        graph_bytes_per_token=4.0 * model.hidden * layers,
+        non_torch_bytes=non_torch,
+        layers=layers,
+    )
+
+
+def step_bytes(fp: Footprint, tokens: int, seqs: int, *, runtime: bool = True) -> float:
+    """Transient activation bytes of one forward pass over ``tokens`` tokens sampling ``seqs``.
+
+    ``runtime`` adds the allocator fragmentation that a start-up profile does not see.
+    """
+    peak = tokens * fp.act_bytes_per_token + seqs * fp.logits_bytes_per_seq
+    return peak * (1.0 + FRAGMENTATION) if runtime else peak
+
+
+def graph_bytes(fp: Footprint, sizes: Sequence[int], graphs_per_size: int, token_scale: float = 1.0) -> float:
+    """Memory of the CUDA graphs captured for ``sizes`` (0 when nothing is captured)."""
+    if not sizes or graphs_per_size == 0:
+        return 0.0
+    per_graph = fp.graph_bytes_per_graph * graphs_per_size * len(sizes)
+    return per_graph + fp.graph_bytes_per_token * max(sizes) * token_scale
+
+
+# ------------------------------------------------------------------------------------ vLLM
+@dataclass(frozen=True)
+class VllmMemory:
+    """The inputs of vLLM's memory planning (one rank)."""
+
+    gpu: GpuPreset
+    fp: Footprint
+    utilization: float
+    max_batched_tokens: int
+    max_num_seqs: int
+    capture_sizes: Sequence[int]
+    graphs_per_size: int  # 2 for FULL_AND_PIECEWISE, 1 for one mode, 0 without graphs
+    block_size: int
+    max_model_len: int | None  # None = auto-fit
+    derived_max_len: int
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    other_process_gib: float = 0.0
+
+
+@dataclass(frozen=True)
+class VllmMemoryPlan:
+    """The numbers vLLM logs at start-up and, when it fails, the stage and kind of failure.
+
+    ``failure`` is None or one of ``free_memory``, ``load_oom``, ``no_kv``, ``kv_too_small``,
+    ``auto_fit_impossible``, ``capture_oom``.
+    """
+
+    total: float
+    free_at_start: float
+    requested: float
+    consumed: float
+    peak: float
+    graph_estimate: float
+    graph_actual: float
+    kv_bytes: float
+    num_blocks: int
+    kv_tokens: int
+    max_model_len: int
+    estimated_max_len: int
+    headroom: float  # physically free after the KV pool and graphs: room for step transients
+    capture_need: float
+    failure: str | None
+
+
+def plan_vllm(m: VllmMemory) -> VllmMemoryPlan:
+    """vLLM 0.32's start-up memory planning (``gpu_worker.py``), with its failure stages."""
+    fp = m.fp
+    total = m.gpu.torch_total_gib * GIB
+    free = total - (CUDA_CONTEXT_GIB + m.other_process_gib) * GIB
+    requested = math.ceil(total * m.utilization)
+    consumed = fp.weight_bytes + fp.non_torch_bytes
+    peak = step_bytes(fp, m.max_batched_tokens, min(m.max_num_seqs, m.max_batched_tokens), runtime=False)
+    actual = graph_bytes(fp, m.capture_sizes, m.graphs_per_size)
+    estimate = actual * (1.0 - GRAPH_ESTIMATE_ERROR)
+    capture_need = actual + (step_bytes(fp, max(m.capture_sizes), max(m.capture_sizes)) if actual else 0.0)
+    if m.kv_cache_memory_bytes is not None:
+        kv = float(m.kv_cache_memory_bytes)
+    else:
+        kv = requested - consumed - peak - estimate
+    block_bytes = m.block_size * fp.kv_bytes_per_token
+    num_blocks = max(0, int(kv // block_bytes))
+    if m.num_gpu_blocks_override is not None:
+        num_blocks = m.num_gpu_blocks_override
+    kv_alloc = num_blocks * block_bytes
+    estimated_max_len = max(0, (num_blocks - 1) * m.block_size)
+    max_len = m.max_model_len if m.max_model_len is not None else min(m.derived_max_len, estimated_max_len)
+    headroom = free - consumed - kv_alloc - actual
+
+    failure: str | None = None
+    if requested > free:
+        failure = "free_memory"
+    elif consumed > free:
+        failure = "load_oom"
+    elif num_blocks <= 1:
+        failure = "no_kv" if m.max_model_len is not None else "auto_fit_impossible"
+    elif m.max_model_len is not None and m.max_model_len > estimated_max_len:
+        failure = "kv_too_small"
+    elif capture_need > free - consumed - kv_alloc:
+        failure = "capture_oom"
+    return VllmMemoryPlan(
+        total=total,
+        free_at_start=free,
+        requested=float(requested),
+        consumed=consumed,
+        peak=peak,
+        graph_estimate=estimate,
+        graph_actual=actual,
+        kv_bytes=kv,
+        num_blocks=num_blocks,
+        kv_tokens=num_blocks * m.block_size,
+        max_model_len=max_len,
+        estimated_max_len=estimated_max_len,
+        headroom=headroom,
+        capture_need=capture_need,
+        failure=failure,
+    )
+
+
+# ---------------------------------------------------------------------------------- SGLang
+@dataclass(frozen=True)
+class SglangMemory:
+    """The inputs of SGLang's memory planning (one rank)."""
+
+    gpu: GpuPreset
+    fp: Footprint
+    mem_fraction_static: float
+    max_total_tokens: int | None
+    page_size: int
+    decode_sizes: Sequence[int]
+    prefill_sizes: Sequence[int]
+    other_process_gib: float = 0.0
+
+
+@dataclass(frozen=True)
+class SglangMemoryPlan:
+    """The numbers SGLang logs at start-up, and its failure (None when it starts).
+
+    ``failure`` is None or one of ``weights_no_room``, ``not_enough_memory``,
+    ``capture_oom_prefill``, ``capture_oom_decode``.
+    """
+
+    pre: float
+    after_weights: float
+    kv_tokens: int
+    profiled_tokens: int
+    kv_bytes: float
+    after_pool: float
+    prefill_graph: float
+    decode_graph: float
+    after_prefill_capture: float
+    available: float  # ``available_gpu_mem`` in the summary line: headroom for run-time steps
+    min_fraction: float
+    failure: str | None
+
+
+def plan_sglang(m: SglangMemory) -> SglangMemoryPlan:
+    """SGLang 0.5.23's pool sizing (``kv_cache_configurator.py``) and capture, with failures."""
+    fp = m.fp
+    pre = (m.gpu.torch_total_gib - CUDA_CONTEXT_GIB - m.other_process_gib) * GIB
+    after_weights = pre - fp.weight_bytes - fp.non_torch_bytes
+    rest = after_weights - pre * (1.0 - m.mem_fraction_static)
+    min_fraction = 1.0 - after_weights / pre
+    profiled = int(rest // fp.kv_bytes_per_token) if rest > 0 else 0
+    tokens = min(profiled, m.max_total_tokens) if m.max_total_tokens else profiled
+    tokens = tokens // m.page_size * m.page_size
+    kv_bytes = tokens * fp.kv_bytes_per_token
+    after_pool = after_weights - kv_bytes - SGLANG_WORKSPACE_GIB * GIB
+    prefill = graph_bytes(fp, m.prefill_sizes, 1, token_scale=0.125)
+    decode = graph_bytes(fp, m.decode_sizes, 1)
+    prefill_need = prefill + (step_bytes(fp, max(m.prefill_sizes), 1) if m.prefill_sizes else 0.0)
+    decode_need = decode + (step_bytes(fp, max(m.decode_sizes), max(m.decode_sizes)) if m.decode_sizes else 0.0)
+    after_prefill = after_pool - prefill
+
+    failure: str | None = None
+    if rest <= 0:
+        failure = "weights_no_room"
+    elif tokens <= 0:
+        failure = "not_enough_memory"
+    elif prefill_need > after_pool:
+        failure = "capture_oom_prefill"
+    elif decode_need > after_prefill:
+        failure = "capture_oom_decode"
+    return SglangMemoryPlan(
+        pre=pre,
+        after_weights=after_weights,
+        kv_tokens=tokens,
+        profiled_tokens=profiled,
+        kv_bytes=kv_bytes,
+        after_pool=after_pool,
+        prefill_graph=prefill,
+        decode_graph=decode,
+        after_prefill_capture=after_prefill,
+        available=after_prefill - decode,
+        min_fraction=min_fraction,
+        failure=failure,
+    )

@@ -1,0 +1,130 @@
+"""Simulator-only settings, read from ``AUTOTUNE_SIM_*`` environment variables.
+
+They live in the environment so the argv of a simulated engine is exactly the real engine's:
+the adapters, the exported launch scripts and the flag discovery never see a simulator flag.
+
+=============================  ==========================================================
+``AUTOTUNE_SIM_GPU``           GPU preset (default ``H100-80GB``; see ``presets.GPUS``)
+``AUTOTUNE_SIM_NUM_GPUS``      GPUs in the box, for the TP × PP × DP check (default 8)
+``AUTOTUNE_SIM_SPEEDUP``       divides every modelled duration, start-up included (default 1)
+``AUTOTUNE_SIM_SEED``          seed of the noise and of output lengths (default 0)
+``AUTOTUNE_SIM_NOISE``         relative standard deviation of step-time noise (default 0)
+``AUTOTUNE_SIM_FAULT``         comma-separated faults, see :class:`FaultPlan`
+``AUTOTUNE_SIM_VLLM_VERSION``  vLLM dialect version (0.32.0 default; 0.33.0, 0.34.0)
+``AUTOTUNE_SIM_SGLANG_VERSION``  SGLang dialect version (0.5.23 default; 0.5.9 = old flag set)
+=============================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autotune.sim.presets import GPUS, GpuPreset, find_gpu
+
+__all__ = ["FaultPlan", "SettingsError", "SimSettings", "load_settings"]
+
+
+class SettingsError(ValueError):
+    """An ``AUTOTUNE_SIM_*`` variable has a value the simulator cannot use."""
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Faults injected for reliability tests. Durations are modelled seconds (÷ speedup on the wall).
+
+    Attributes:
+        crash_after_requests: The engine dies when this many requests have arrived.
+        crash_after_s: The engine dies this long after it became ready.
+        hang_startup: Start-up stops after the first lines and never finishes.
+        slow_startup_s: Extra start-up time.
+        hang_after_requests: The engine stops stepping (streams stall) after this many requests.
+        drop_connections: Probability that a request's connection is cut mid-stream.
+        oom_after_requests: A CUDA OOM under load once this many requests have arrived.
+        oom_at_batch_tokens: A CUDA OOM under load on the first step with at least this many tokens.
+    """
+
+    crash_after_requests: int | None = None
+    crash_after_s: float | None = None
+    hang_startup: bool = False
+    slow_startup_s: float = 0.0
+    hang_after_requests: int | None = None
+    drop_connections: float = 0.0
+    oom_after_requests: int | None = None
+    oom_at_batch_tokens: int | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> FaultPlan:
+        """``"crash_after_requests=50,hang_startup"`` → FaultPlan. Unknown names are an error."""
+        ints = {"crash_after_requests", "hang_after_requests", "oom_after_requests", "oom_at_batch_tokens"}
+        floats = {"crash_after_s", "slow_startup_s", "drop_connections"}
+        values: dict[str, object] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            name, _, raw = item.partition("=")
+            name = name.strip()
+            try:
+                if name == "hang_startup":
+                    values[name] = True
+                elif name in ints:
+                    values[name] = int(raw)
+                elif name in floats:
+                    values[name] = float(raw)
+                else:
+                    known = ", ".join(sorted({*ints, *floats, "hang_startup"}))
+                    raise SettingsError(f"AUTOTUNE_SIM_FAULT: unknown fault {name!r}; known: {known}")
+            except ValueError as exc:
+                if isinstance(exc, SettingsError):
+                    raise
+                raise SettingsError(f"AUTOTUNE_SIM_FAULT: {item!r} needs a number after '='") from None
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """Everything the simulator takes from its environment."""
+
+    gpu: GpuPreset = field(default_factory=lambda: GPUS["H100-80GB"])
+    num_gpus: int = 8
+    speedup: float = 1.0
+    seed: int = 0
+    noise: float = 0.0
+    faults: FaultPlan = field(default_factory=FaultPlan)
+    vllm_version: str = "0.32.0"
+    sglang_version: str = "0.5.23"
+    #: the real engines' own variables the simulator honours (VLLM_*, SGLANG_*)
+    engine_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={raw!r} must be at least {minimum:g}")
+    return value
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> SimSettings:
+    """Read the simulator settings (``os.environ`` when ``env`` is None)."""
+    env = os.environ if env is None else env
+    gpu_name = env.get("AUTOTUNE_SIM_GPU") or "H100-80GB"
+    gpu = find_gpu(gpu_name)
+    if gpu is None:
+        raise SettingsError(f"AUTOTUNE_SIM_GPU={gpu_name!r} is not a preset; choose one of {', '.join(GPUS)}")
+    speedup = _number(env, "AUTOTUNE_SIM_SPEEDUP", 1.0, minimum=1e-3)
+    return SimSettings(
+        gpu=gpu,
+        num_gpus=int(_number(env, "AUTOTUNE_SIM_NUM_GPUS", 8, minimum=1)),
+        speedup=speedup,
+        seed=int(_number(env, "AUTOTUNE_SIM_SEED", 0, minimum=-(2**63))),
+        noise=_number(env, "AUTOTUNE_SIM_NOISE", 0.0, minimum=0.0),
+        faults=FaultPlan.parse(env.get("AUTOTUNE_SIM_FAULT", "")),
+        vllm_version=env.get("AUTOTUNE_SIM_VLLM_VERSION") or "0.32.0",
+        sglang_version=env.get("AUTOTUNE_SIM_SGLANG_VERSION") or "0.5.23",
+        engine_env={k: v for k, v in env.items() if k.startswith(("VLLM_", "SGLANG_", "SGL_"))},
+    )

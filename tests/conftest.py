@@ -1,0 +1,61 @@
+"""Session-wide checks shared by every test folder."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from autotune.runtime.procfs import environ_value, read_cmdline, terminate_group
+
+#: Every process the tests start inherits this variable, so leftovers can be told apart from
+#: engines that other sessions on the same machine run.
+SESSION_ENV = "AUTOTUNE_TEST_SESSION"
+ENGINE_MARKERS = ("VLLM::", "vllm.entrypoints", "autotune.sim")
+
+
+def _leftover_engines(session: str) -> dict[int, str]:
+    found = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        cmdline = read_cmdline(pid)
+        if any(m in cmdline for m in ENGINE_MARKERS) and environ_value(pid, SESSION_ENV) == session:
+            found[pid] = cmdline
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_engine_left_behind() -> Iterator[None]:
+    """Fail the session if an engine process started by a test outlives it."""
+    session = str(os.getpid())
+    previous = os.environ.get(SESSION_ENV)
+    os.environ[SESSION_ENV] = session
+    yield
+    if previous is None:
+        os.environ.pop(SESSION_ENV, None)
+    else:
+        os.environ[SESSION_ENV] = previous
+    if not Path("/proc").is_dir():
+        return
+    deadline = time.monotonic() + 10  # engines stopped at the very end may still be exiting
+    leftovers = _leftover_engines(session)
+    while leftovers and time.monotonic() < deadline:
+        time.sleep(0.2)
+        leftovers = _leftover_engines(session)
+    for pid in leftovers:  # clean up before failing, so one bad test does not poison the machine
+        _end(pid)
+    assert not leftovers, f"engine processes left running by the tests: {leftovers}"
+
+
+def _end(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        pgid = os.getpgid(pid)
+        if pgid == os.getpgrp():  # never signal pytest's own group
+            os.kill(pid, signal.SIGKILL)
+        else:
+            terminate_group(pgid, grace_s=2.0)

