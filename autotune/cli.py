@@ -44,6 +44,7 @@ _state = {"debug": False}
 PACKAGE_ROOT = Path(__file__).resolve().parent
 SHIPPED = PACKAGE_ROOT.parent  # search_spaces/ and workloads/ sit beside the package in a checkout
 SIM_DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+DEFAULT_SPACE = {"vllm": "vllm-default", "sglang": "sglang-throughput"}
 
 
 @app.callback()
@@ -164,7 +165,8 @@ def tune(
         str | None, typer.Option(help="Full launch command before the flags, e.g. 'vllm serve'.")
     ] = None,
     space: Annotated[
-        str | None, typer.Option(help="Search-space YAML (or a shipped name). Default: <engine>-default.")
+        str | None,
+        typer.Option(help="Search-space YAML (or a shipped name). Default: vllm-default / sglang-throughput."),
     ] = None,
     workload: Annotated[str, typer.Option(help="Workload YAML (or a shipped name, e.g. chat).")] = "chat",
     trials: Annotated[
@@ -206,7 +208,7 @@ def tune(
             sim_speedup,
             api_key_env,
         )
-        space_path = _resolve_file(space or f"{settings.kind}-default", "search_spaces")
+        space_path = _resolve_file(space or DEFAULT_SPACE[settings.kind], "search_spaces")
         job = TuneJob(
             engine=settings,
             space=load_yaml(space_path, SearchSpace),
@@ -318,7 +320,17 @@ def _print_best(best: optuna.trial.FrozenTrial, simulated: bool) -> None:
     note = f" (median of {len(ua.get('validated_values', []))} runs, spread {spread:.1%})" if spread is not None else ""
     sim = " [modelled by the simulator]" if simulated else ""
     console.print(f"best trial {best.number}: {med:,.1f}{note}{sim}")
-    console.print("flags: " + (" ".join(f"{k} {v}" for k, v in ua.get("flags", {}).items()) or "(engine defaults)"))
+    console.print("flags: " + (_flags_text(ua.get("flags", {})) or "(engine defaults)"), highlight=False)
+
+
+def _flags_text(flags: dict[str, Any]) -> str:
+    words = []
+    for flag, value in flags.items():
+        if value is True:
+            words.append(flag)
+        elif value is not False and value is not None:
+            words.append(f"{flag} {shlex.quote(str(value))}")
+    return " ".join(words)
 
 
 def _open_existing(study: str, storage: str | None, results: Path) -> optuna.Study:

@@ -14,7 +14,6 @@ from autotune.bench.loadgen import (
     BenchProgress,
     BenchResult,
     ClientCheck,
-    make_client,
     run_workload,
     run_workload_sync,
 )
@@ -26,12 +25,14 @@ from autotune.bench.metrics import (
     slo_violations,
 )
 from autotune.bench.prompts import Prompt, PromptSet, ServerTokenizer, build_prompts
+from autotune.bench.transport import ClientLanes, make_client
 
 __all__ = [
     "DEFAULT_PERCENTILES",
     "BenchProgress",
     "BenchResult",
     "ClientCheck",
+    "ClientLanes",
     "Prompt",
     "PromptSet",
     "RequestRecord",

@@ -6,11 +6,12 @@ concurrency; the duration runs from just before the first dispatch to after the 
 Metric definitions live in :mod:`autotune.bench.metrics`, per-request timing in
 :mod:`autotune.bench.stream`, prompt construction in :mod:`autotune.bench.prompts`.
 
-The client must not be the bottleneck, so it uses one shared ``httpx.AsyncClient`` without a
-connection cap (httpx's default of 100 silently caps concurrency), pre-serialized bodies, no
-tokenizer on the hot path, and a frozen GC heap during the run (as vLLM does). It then checks
-itself: a run whose event loop lagged, whose sends fell behind the schedule, or whose loop
-thread was CPU-bound is flagged ``client_limited`` with the reason.
+The client must not be the bottleneck, so it keeps connections alive without a cap (httpx's
+default of 100 silently caps concurrency) through :class:`~autotune.bench.transport.ClientLanes`,
+builds every request before the run, keeps tokenizers off the hot path, and freezes the GC heap
+during the run (as vLLM does). It then checks itself: a run whose event loop lagged, whose sends
+fell behind the schedule, or whose loop thread was CPU-bound is flagged ``client_limited`` with
+the reason.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from autotune.bench.metrics import (
 )
 from autotune.bench.prompts import Prompt, PromptFormat, PromptSet, ServerTokenizer, build_prompts
 from autotune.bench.stream import LiveCounters, stream_request
+from autotune.bench.transport import ClientLanes, make_client, request_timeout
 from autotune.config import LATENCY_KEY, Workload
 from autotune.errors import BenchmarkError
 
@@ -48,7 +50,6 @@ __all__ = [
     "BenchProgress",
     "BenchResult",
     "ClientCheck",
-    "make_client",
     "run_workload",
     "run_workload_sync",
 ]
@@ -59,10 +60,12 @@ SCHEMA_VERSION = 1
 SCHEDULE_LAG_P99_LIMIT_S = 0.005
 LOOP_LAG_P99_LIMIT_S = 0.005
 CPU_SHARE_LIMIT = 0.90  # of one core: the event loop is single-threaded
+STARVED_CPU_SHARE = 0.5
 LOOP_PROBE_INTERVAL_S = 0.01
 PROGRESS_INTERVAL_S = 0.25
 DEADLINE_GRACE_S = 30.0
 WARMUP_STREAM = 1  # prompt stream of the warm-up requests: same shapes, different content
+ARRIVAL_STREAM = 2  # random stream of the arrival schedule, independent of the prompts
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,14 +265,6 @@ def _percentiles(w: Workload) -> list[float]:
 
 
 # ------------------------------------------------------------------------------------- helpers
-def make_client(request_timeout_s: float = 300.0) -> httpx.AsyncClient:
-    """The shared client: no connection cap, keep-alive, total deadlines handled per request."""
-    return httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-        timeout=httpx.Timeout(request_timeout_s, connect=30.0, pool=None),
-    )
-
-
 def _raise_open_files_limit() -> None:
     """Each in-flight stream holds a socket; lift the soft fd limit to the hard one (as SGLang)."""
     with contextlib.suppress(ValueError, OSError):
@@ -314,6 +309,7 @@ def _resolve_format(w: Workload, fmt: PromptFormat | None) -> PromptFormat:
 
 
 def _body(w: Workload, model: str, prompt: Prompt) -> bytes:
+    """The request body, serialized once before the run."""
     common = {
         "model": model,
         "stream": True,
@@ -334,6 +330,16 @@ def _body(w: Workload, model: str, prompt: Prompt) -> bytes:
 
 def _route(w: Workload) -> str:
     return "/v1/chat/completions" if w.endpoint == "chat" else "/v1/completions"
+
+
+def _requests(
+    w: Workload, url: str, model: str, prompts: Sequence[Prompt], headers: dict[str, str]
+) -> list[httpx.Request]:
+    """Every request of a phase, built before it starts (URL and header handling cost CPU)."""
+    timeout = {"timeout": request_timeout(w.request_timeout_s).as_dict()}
+    return [
+        httpx.Request("POST", url, content=_body(w, model, p), headers=headers, extensions=timeout) for p in prompts
+    ]
 
 
 def _p99_ms(values: Sequence[float]) -> float:
@@ -364,6 +370,9 @@ def assess_client(
         reasons.append(f"p99 send lag {sched:.1f} ms behind the arrival schedule")
     if loop > LOOP_LAG_P99_LIMIT_S * 1000:
         reasons.append(f"p99 event-loop lag {loop:.1f} ms (timestamps are late by that much)")
+        if cpu_share < STARVED_CPU_SHARE:
+            # A lagging loop that was mostly off the CPU was waiting to be scheduled, not working.
+            reasons.append(f"the client ran only {cpu_share:.0%} of the time: other processes took its CPU")
     max_loop = max(loop_lags, default=0.0) * 1000.0
     return ClientCheck(cpu_share, sched, loop, max_loop, bool(reasons), "; ".join(reasons))
 
@@ -446,14 +455,14 @@ class _Runner:
     def __init__(
         self,
         client: httpx.AsyncClient,
+        lanes: ClientLanes,
         base: str,
         workload: Workload,
         headers: dict[str, str],
         on_progress: Callable[[BenchProgress], None] | None,
     ) -> None:
-        self.client, self.base, self.w, self.headers = client, base, workload, headers
+        self.client, self.lanes, self.base, self.w, self.headers = client, lanes, base, workload, headers
         self.on_progress = on_progress
-        self.url = base + _route(workload)
         self.live = LiveCounters()
 
     async def prompts(self, model: str, fmt: PromptFormat) -> tuple[PromptSet, PromptSet | None]:
@@ -466,20 +475,22 @@ class _Runner:
         return measured, warm
 
     async def _send(
-        self, body: bytes, record: RequestRecord, sem: asyncio.Semaphore | None, arrival: float, progress: _Progress
+        self,
+        request: httpx.Request,
+        record: RequestRecord,
+        sem: asyncio.Semaphore | None,
+        arrival: float,
+        progress: _Progress,
     ) -> None:
         chat = self.w.endpoint == "chat"
         async with sem or contextlib.nullcontext():
-            await stream_request(
-                self.client,
-                self.url,
-                body,
-                self.headers,
-                record,
-                timeout_s=self.w.request_timeout_s,
-                chat=chat,
-                live=self.live,
-            )
+            lane = self.lanes.acquire()
+            try:
+                await stream_request(
+                    lane, request, record, timeout_s=self.w.request_timeout_s, chat=chat, live=self.live
+                )
+            finally:
+                self.lanes.release(lane)
         record.client_queue_time = record.start_time - arrival
         progress.done(record)
 
@@ -487,13 +498,13 @@ class _Runner:
         c = self.w.arrival.concurrency
         return asyncio.Semaphore(c) if c else None
 
-    async def warmup(self, bodies: list[bytes]) -> int:
+    async def warmup(self, requests: list[httpx.Request]) -> int:
         """Send the warm-up requests concurrently (same shapes); return how many failed."""
-        records = [RequestRecord() for _ in bodies]
-        progress = _Progress("warmup", len(bodies), self.live, self.on_progress)
+        records = [RequestRecord() for _ in requests]
+        progress = _Progress("warmup", len(requests), self.live, self.on_progress)
         sem = self._semaphore()
         now = perf_counter()
-        await asyncio.gather(*(self._send(b, r, sem, now, progress) for b, r in zip(bodies, records, strict=True)))
+        await asyncio.gather(*(self._send(q, r, sem, now, progress) for q, r in zip(requests, records, strict=True)))
         progress.finish()
         return sum(not r.success for r in records)
 
@@ -501,29 +512,31 @@ class _Runner:
         self,
         start: float,
         offsets: np.ndarray,
-        bodies: list[bytes],
+        requests: list[httpx.Request],
         records: list[RequestRecord],
         tasks: list[asyncio.Task[None]],
         progress: _Progress,
     ) -> None:
         sem = self._semaphore()
-        for offset, body, record in zip(offsets.tolist(), bodies, records, strict=True):
+        for offset, request, record in zip(offsets.tolist(), requests, records, strict=True):
             target = start + offset
             delay = target - perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             arrival = perf_counter()
             record.schedule_lag = arrival - target
-            tasks.append(asyncio.create_task(self._send(body, record, sem, arrival, progress)))
+            tasks.append(asyncio.create_task(self._send(request, record, sem, arrival, progress)))
         await asyncio.gather(*tasks)
 
-    async def measure(self, bodies: list[bytes], records: list[RequestRecord], deadline_s: float | None) -> _Measured:
+    async def measure(
+        self, requests: list[httpx.Request], records: list[RequestRecord], deadline_s: float | None
+    ) -> _Measured:
         """Release the requests on the arrival schedule and wait for all of them (or the deadline)."""
         w = self.w
-        rng = np.random.default_rng([w.seed, 2])
-        offsets = arrival_offsets(len(bodies), w.arrival.request_rate, w.arrival.burstiness, rng)
+        rng = np.random.default_rng([w.seed, ARRIVAL_STREAM])
+        offsets = arrival_offsets(len(requests), w.arrival.request_rate, w.arrival.burstiness, rng)
         deadline = deadline_s if deadline_s is not None else _default_deadline(w, float(offsets[-1]))
-        progress = _Progress("measure", len(bodies), self.live, self.on_progress)
+        progress = _Progress("measure", len(requests), self.live, self.on_progress)
         tasks: list[asyncio.Task[None]] = []
         hit = False
         with _frozen_gc():
@@ -531,7 +544,7 @@ class _Runner:
                 cpu0, start = time.thread_time(), perf_counter()
                 try:
                     async with asyncio.timeout(deadline):
-                        await self._dispatch(start, offsets, bodies, records, tasks, progress)
+                        await self._dispatch(start, offsets, requests, records, tasks, progress)
                 except TimeoutError:
                     hit = True
                     await _cancel(tasks)
@@ -540,7 +553,7 @@ class _Runner:
         progress.finish()
         if hit:
             _mark_cut(records, deadline)
-        lags = [r.schedule_lag for r in records if r.start_time]
+        lags = [r.schedule_lag for r in records[: len(tasks)]]  # the dispatched ones
         check = assess_client(cpu / duration, lags, probe.lags, not math.isinf(w.arrival.request_rate))
         return _Measured(records, duration, hit, check)
 
@@ -593,8 +606,8 @@ async def run_workload(
         model: Model id for the requests; default: the first one ``GET /v1/models`` lists.
         api_key: Sent as ``Authorization: Bearer``.
         on_progress: Called with a :class:`BenchProgress` at most every 0.25 s.
-        client: A shared ``httpx.AsyncClient`` to use (it should have no connection cap; see
-            :func:`make_client`); by default one is made and closed here.
+        client: Send everything through this client (e.g. one with an ``httpx.MockTransport``);
+            by default requests go through :class:`~autotune.bench.transport.ClientLanes`.
         deadline_s: Wall-clock bound for the measured phase; unfinished requests then fail.
             Default: an outer bound derived from the arrival span and the request timeout.
         prompt_format: ``ids`` or ``text``; default ``ids`` for completions, ``text`` for chat
@@ -603,6 +616,9 @@ async def run_workload(
     Returns:
         The measured result; failed requests are data in it, not exceptions.
 
+    Each in-flight request holds a socket, so the process's soft open-files limit is raised to
+    its hard limit first (SGLang's benchmark does the same).
+
     Raises:
         BenchmarkError: The server is unreachable, lists no model, or has no ``/tokenize``.
     """
@@ -610,23 +626,25 @@ async def run_workload(
     base = _normalize_base(base_url)
     headers = _headers(api_key)
     _raise_open_files_limit()
-    own = client is None
     http = client or make_client(workload.request_timeout_s)
+    lanes = ClientLanes(workload.request_timeout_s, shared=client)
+    url = base + _route(workload)
     try:
         served = model or await _served_model(http, base, headers)
-        runner = _Runner(http, base, workload, headers, on_progress)
+        runner = _Runner(http, lanes, base, workload, headers, on_progress)
         measured_set, warm_set = await runner.prompts(served, fmt)
         warm_failed = 0
         if warm_set is not None:
-            warm_failed = await runner.warmup([_body(workload, served, p) for p in warm_set.prompts])
-        bodies = [_body(workload, served, p) for p in measured_set.prompts]
+            warm_failed = await runner.warmup(_requests(workload, url, served, warm_set.prompts, headers))
+        requests = _requests(workload, url, served, measured_set.prompts, headers)
         records = [
             RequestRecord(prompt_len=p.prompt_len, expected_prompt_len=p.prompt_len, expected_output_len=p.output_len)
             for p in measured_set.prompts
         ]
-        m = await runner.measure(bodies, records, deadline_s)
+        m = await runner.measure(requests, records, deadline_s)
     finally:
-        if own:
+        await lanes.aclose()
+        if client is None:
             await http.aclose()
     return _result(workload, served, fmt, measured_set, m, warm_failed)
 

@@ -145,9 +145,7 @@ async def _read_stream(resp: httpx.Response, timer: _SseTimer) -> None:
 
 async def stream_request(
     client: httpx.AsyncClient,
-    url: str,
-    body: bytes,
-    headers: Mapping[str, str],
+    request: httpx.Request,
     record: RequestRecord,
     *,
     timeout_s: float,
@@ -160,10 +158,8 @@ async def stream_request(
     ``record.success = False``. Cancellation propagates.
 
     Args:
-        client: Shared client (no connection cap).
-        url: Full endpoint URL.
-        body: Pre-serialized JSON body (serializing on the hot path costs client CPU).
-        headers: Request headers (content type, authorization).
+        client: The client to send on (a load-generator lane).
+        request: Built before the run (URL parsing and header handling cost client CPU).
         record: Filled in place; ``start_time`` is set here.
         timeout_s: Total deadline for the request.
         chat: Whether the endpoint is chat completions (text is in ``delta.content``).
@@ -173,12 +169,16 @@ async def stream_request(
     record.start_time = start
     timer = _SseTimer(record, start, chat, live)
     try:
-        async with asyncio.timeout(timeout_s), client.stream("POST", url, content=body, headers=headers) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
-                record.error = f"HTTP {resp.status_code}: {_one_line(text)}"
-                return
-            await _read_stream(resp, timer)
+        async with asyncio.timeout(timeout_s):
+            resp = await client.send(request, stream=True)
+            try:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")
+                    record.error = f"HTTP {resp.status_code}: {_one_line(text)}"
+                    return
+                await _read_stream(resp, timer)
+            finally:
+                await resp.aclose()
     except _StreamFailed as err:
         record.error = str(err)
         return

@@ -184,7 +184,6 @@ _ARGPARSE = re.compile(
 )
 _AMBIGUOUS = re.compile(r"ambiguous option: (--[\w-]+)(?:=\S*)? could match (.+)$")
 _PORT_IN_USE = re.compile(r"address already in use|port \d+ is (?:already )?in use", re.IGNORECASE)
-_CHILD_FAILED = re.compile(r"Received sigquit from a child process|SIGQUIT received", re.IGNORECASE)
 _DIED_AT_INIT = re.compile(r"scheduler died during initialization \(exit code: (-?\d+)\)")
 _WATCHDOG = re.compile(r"watchdog timeout", re.IGNORECASE)
 
@@ -348,12 +347,12 @@ def _invalid_args_event(line: str) -> LogEvent | None:
 
 
 def _fatal_event(line: str) -> LogEvent | None:
+    """Deaths whose line names the cause. The parent's "Received sigquit from a child process"
+    is left out on purpose: it follows the child's own error line, which is the better reason,
+    and the parent kills its tree at once anyway."""
     died = _DIED_AT_INIT.search(line)
     if died:
-        code = int(died.group(1))
-        return LogEvent(EventKind.FATAL, line, {"reason": "scheduler_died", "exit_code": code})
-    if _CHILD_FAILED.search(line):
-        return LogEvent(EventKind.FATAL, line, {"reason": "child_failed"})
+        return LogEvent(EventKind.FATAL, line, {"reason": "scheduler_died", "exit_code": int(died.group(1))})
     if _WATCHDOG.search(line):
         return LogEvent(EventKind.FATAL, line, {"reason": "watchdog"})
     return None

@@ -255,15 +255,16 @@ def _metric_facts(before: Mapping[str, float], after: Mapping[str, float]) -> di
     return facts
 
 
+_KV_FACT_KEYS = frozenset({"kv_tokens", "kv_gib", "max_concurrency", "context_len"})
+
+
 def _event_facts(events: list[LogEvent]) -> dict[str, Any]:
     """Facts from the log; for repeated lines the last one wins."""
     facts: dict[str, Any] = {}
     stats: list[dict[str, Any]] = []
     for event in events:
         if event.kind == EventKind.KV_CAPACITY:
-            facts.update(
-                {k: v for k, v in event.data.items() if k in ("kv_tokens", "kv_gib", "max_concurrency", "context_len")}
-            )
+            facts.update({k: v for k, v in event.data.items() if k in _KV_FACT_KEYS})
         elif event.kind == EventKind.VERSION:
             facts["engine_version"] = event.data["version"]
         elif event.kind == EventKind.NON_DEFAULT_ARGS:

@@ -97,18 +97,21 @@ def _headline(report: StudyReport) -> str:
     if report.winner is None:
         return '<p class="headline">No trial met the SLOs yet. The failures below say what went wrong.</p>'
     w = report.winner
-    runs = f"median of {report.winner_runs} runs" if report.winner_runs > 1 else "one run"
-    spread = f", spread {report.winner_spread:.1%}" if report.winner_spread is not None else ""
     gain = report.objective_gain
     change = (
-        f' — <span class="{"good" if gain.improved else "bad"}">{gain.change:+.1%}</span> against the engine defaults'
+        f' — <span class="{_change_class(gain.improved)}">{gain.change:+.1%}</span> against the engine defaults'
         if gain is not None and gain.change is not None
         else " (no served baseline to compare with)"
     )
+    value = _e(format_number(report.winner_value))
     return (
         f'<p class="headline">Winner: trial #{w.number} ({_e(w.user_attrs.get("stage", ""))}) — '
-        f"{_e(report.objective)} <b>{_e(format_number(report.winner_value))}</b> ({runs}{spread}){change}.</p>"
+        f"{_e(report.objective)} <b>{value}</b> ({_e(report.winner_runs_text)}){change}.</p>"
     )
+
+
+def _change_class(improved: bool | None) -> str:
+    return {True: "good", False: "bad", None: ""}[improved]
 
 
 def _gain_section(report: StudyReport) -> str:
@@ -117,7 +120,7 @@ def _gain_section(report: StudyReport) -> str:
     rows = []
     for g in report.gains:
         change = "–" if g.change is None else f"{g.change:+.1%}"
-        cls = "num good" if g.improved else "num bad" if g.improved is False else "num"
+        cls = f"num {_change_class(g.improved)}".strip()
         spread = "–" if g.spread is None else f"{g.spread:.1%}"
         rows.append(
             [

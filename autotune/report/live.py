@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["LiveProgress"]
@@ -70,8 +71,10 @@ class LiveProgress:
         return table
 
     def _line(self, text: str) -> None:
+        # Engine log lines and flag values may hold [brackets]: print them literally, never as markup.
+        text = escape(text)
         if self.live is not None:
-            self.live.console.print(text)
+            self.live.console.print(text, highlight=False)
         else:
             self.console.print(text, highlight=False, soft_wrap=True)
 
@@ -84,7 +87,7 @@ class LiveProgress:
     def trial_started(self, number: int, stage: str, params: dict[str, Any]) -> None:
         self.trial = {"number": number, "stage": stage, "params": params}
         self.bench = (0, 0, 0.0)
-        self._line(f"trial {number} [{stage}] {_fmt_params(params)}")
+        self._line(f"trial {number} ({stage}) {_fmt_params(params)}")
         self._refresh()
 
     def phase(self, name: str) -> None:

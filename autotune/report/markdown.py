@@ -42,15 +42,13 @@ def _intro(report: StudyReport) -> list[str]:
 def _winner(report: StudyReport) -> list[str]:
     if report.winner is None:
         return ["## Winner", "", "No trial met the SLOs yet; see the failures below.", ""]
-    runs = f"median of {report.winner_runs} runs" if report.winner_runs > 1 else "one run"
-    spread = f", spread {report.winner_spread:.1%}" if report.winner_spread is not None else ""
     gain = report.objective_gain
     change = (
         f", **{gain.change:+.1%}** against the engine defaults"
         if gain is not None and gain.change is not None
         else " (no served baseline to compare with)"
     )
-    headline = f"`{report.objective}` **{format_number(report.winner_value)}** ({runs}{spread}){change}."
+    headline = f"`{report.objective}` **{format_number(report.winner_value)}** ({report.winner_runs_text}){change}."
     return [f"## Winner: trial #{report.winner.number}", "", headline, ""]
 
 

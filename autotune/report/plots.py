@@ -7,6 +7,7 @@ methodology stages (memory edge, CUDA graphs) are left out entirely when the sta
 
 from __future__ import annotations
 
+import html
 import math
 import warnings
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ OUTCOME_COLOURS = {
     "unstable": "#ff7f0e",
 }
 WINNER_COLOUR, BASELINE_COLOUR = "#2ca02c", "#7f7f7f"
+CDF_NAMES = {"baseline": "engine defaults", "winner": "winner"}
 HEIGHT = 440
 MIN_IMPORTANCE_TRIALS = 3
 
@@ -82,7 +84,8 @@ def _hover(frame: pd.DataFrame) -> list[str]:
     lines = []
     for r in frame.to_dict("records"):
         reason = str(r.get("reason") or "")
-        tail = f"<br>{reason[:120]}" if reason and r.get("outcome") not in SERVED else ""
+        # Log lines may hold "<...>": escape them, plotly reads hover text as HTML.
+        tail = f"<br>{html.escape(reason[:120])}" if reason and r.get("outcome") not in SERVED else ""
         lines.append(f"trial {r['trial']} ({r['stage']})<br>{r['outcome']}{tail}")
     return lines
 
@@ -138,7 +141,8 @@ def history(report: StudyReport) -> Plot:
             row=1,
             col=1,
         )
-    failed = frame[~frame["served"].astype(bool) & frame["outcome"].notna()]
+    unfinished = frame["outcome"].isin(["running", "waiting"]) | frame["outcome"].isna()
+    failed = frame[~frame["served"].astype(bool) & ~unfinished]
     for outcome, group in failed.groupby("outcome", sort=False):
         fig.add_trace(
             go.Scatter(
@@ -359,7 +363,7 @@ def latency_cdf(report: StudyReport) -> Plot:
         cdf = report.cdfs.get(key)
         if cdf is None:
             continue
-        label = "engine defaults" if key == "baseline" else "winner"
+        label = CDF_NAMES[key] + ("" if cdf.per_request else " (percentiles)")
         style: dict[str, Any] = {"color": colour, "width": 2, "shape": "hv" if cdf.per_request else "linear"}
         mode = "lines" if cdf.per_request else "lines+markers"
         for col, (xs, ys) in enumerate((cdf.ttft, cdf.e2el), start=1):
@@ -371,11 +375,13 @@ def latency_cdf(report: StudyReport) -> Plot:
     fig.update_xaxes(title_text="ms")
     fig.update_yaxes(title_text="share of requests", range=[0, 1.02], row=1, col=1)
     fig.update_yaxes(range=[0, 1.02], row=1, col=2)
+    coarse = [CDF_NAMES[k] for k, c in report.cdfs.items() if not c.per_request]
     note = ""
-    if not all(c.per_request for c in report.cdfs.values()):
+    if coarse:
+        lines = "that line joins" if len(coarse) == 1 else "those lines join"
         note = (
-            "Per-request latencies were not saved in bench.json (the ttfts/latencies arrays), "
-            "so the lines join the recorded percentiles (p50, p90, p95, p99)."
+            f"bench.json holds no per-request latencies (ttfts/latencies) for {' and '.join(coarse)}: "
+            f"{lines} the recorded percentiles (p50, p90, p95, p99)."
         )
     # Room above the subplot titles for plotly's toolbar.
     return Plot("plot-latency-cdf", title, _layout(fig, margin={"l": 60, "r": 20, "t": 60, "b": 50}), note)
@@ -383,6 +389,5 @@ def latency_cdf(report: StudyReport) -> Plot:
 
 def build_plots(report: StudyReport) -> list[Plot]:
     """Every figure of the report, in page order (absent probes left out)."""
-    plots = [history(report), pareto(report), memory_edge(report), cuda_graph(report), importance(report)]
-    plots.append(latency_cdf(report))
-    return [p for p in plots if p is not None]
+    plots = (history, pareto, memory_edge, cuda_graph, importance, latency_cdf)
+    return [p for p in (make(report) for make in plots) if p is not None]

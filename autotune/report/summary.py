@@ -48,7 +48,7 @@ SPREAD_NOTE = "Spread is (max − min) / median over the winner's runs (its benc
 GAIN_METRICS: tuple[tuple[str, str, str, bool], ...] = (
     ("output_throughput", "output throughput", "tok/s", True),
     ("request_throughput", "request throughput", "req/s", True),
-    ("request_goodput", "goodput (requests within SLOs)", "req/s", True),
+    ("request_goodput", "goodput", "req/s within SLOs", True),
     ("p95_ttft_ms", "p95 TTFT", "ms", False),
     ("p99_ttft_ms", "p99 TTFT", "ms", False),
     ("median_tpot_ms", "median TPOT", "ms", False),
@@ -62,6 +62,7 @@ KNOB_FLAGS: dict[str, tuple[str, ...]] = {
     "cuda_graph_max_bs": ("--max-cudagraph-capture-size", "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"),
 }
 
+CDF_POINTS = 1000
 _PERCENTILE_KEY = re.compile(r"^p(\d+(?:\.\d+)?)_(ttft|e2el)_ms$")
 
 
@@ -174,18 +175,24 @@ class StudyReport:
         return None if self.winner is None else self.winner.user_attrs.get("validated_spread")
 
     @property
+    def winner_runs_text(self) -> str:
+        """How the winner's value was measured: "median of 3 runs, spread 6.7%" or "one run"."""
+        runs = f"median of {self.winner_runs} runs" if self.winner_runs > 1 else "one run"
+        spread = self.winner_spread
+        return runs if spread is None else f"{runs}, spread {spread:.1%}"
+
+    @property
     def objective_gain(self) -> Gain | None:
         return next((g for g in self.gains if g.key == self.objective), None)
 
 
 # ------------------------------------------------------------------------------------ helpers
-def format_number(value: float | None, unit: str = "") -> str:
+def format_number(value: float | None) -> str:
     """Thousands separators; fewer decimals for big numbers; "–" for a missing value."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
-    text = f"{value:,.{digits}f}"
-    return f"{text} {unit}" if unit else text
+    return f"{value:,.{digits}f}"
 
 
 def knob_value(attrs: Mapping[str, Any], knob: str) -> Any:
@@ -363,8 +370,11 @@ def _request_latencies(run: Mapping[str, Any]) -> tuple[list[float], list[float]
 
 
 def _empirical(samples: list[float]) -> tuple[list[float], list[float]]:
+    """The empirical CDF, thinned to at most CDF_POINTS steps so a long run keeps the page small."""
     xs = sorted(samples)
-    return xs, [(i + 1) / len(xs) for i in range(len(xs))]
+    step = max(1, math.ceil(len(xs) / CDF_POINTS))
+    keep = sorted({*range(step - 1, len(xs), step), len(xs) - 1})
+    return [xs[i] for i in keep], [(i + 1) / len(xs) for i in keep]
 
 
 def _from_percentiles(metrics: Mapping[str, Any], metric: str) -> tuple[list[float], list[float]]:

@@ -74,7 +74,7 @@ class EngineProcess:
         on_line: Callable[[str], bool] | None = None,
         startup_timeout_s: float = 600.0,
         grace_s: float = 10.0,
-        fatal_exit_wait_s: float = 15.0,
+        fatal_exit_wait_s: float = 5.0,
     ):
         self.argv = list(argv)
         self.env = dict(env)

@@ -1,7 +1,8 @@
 """Turn a trial's outcome and measurements into what Optuna learns: a value and constraints.
 
-Constraints follow Optuna's convention (≤ 0 is feasible) and are read by the sampler's
-``constraints_func`` from the trial's ``constraints`` user attribute. A trial that failed
+Constraints follow Optuna's convention (≤ 0 is feasible), one named constraint per SLO plus the
+error rate, set on the trial with ``Trial.set_constraint`` (the sampler reads them) and kept in
+the trial's ``constraints`` user attribute. A trial that failed
 because of its flags (memory, KV pool, rejected flags) is told to Optuna as COMPLETE with the
 worst value and a large violation, so TPE learns the region is infeasible; it can never be
 "best" because :func:`is_feasible` requires a served outcome and no violation. Failures that
@@ -26,7 +27,7 @@ _WORST = {"maximize": 0.0, "minimize": 1e12}
 @dataclass(frozen=True)
 class Score:
     value: float
-    constraints: list[float]  # one per SLO + error rate; ≤ 0 feasible
+    constraints: dict[str, float]  # one per SLO + error rate; ≤ 0 feasible
     violations: dict[str, float]  # metric → amount over its bound (only the violated ones)
 
 
@@ -45,12 +46,13 @@ def score(outcome: Outcome, metrics: Mapping[str, float], workload: Workload) ->
     """Value and constraints for a finished trial (served or flag-caused failure)."""
     objective = workload.objective
     if not outcome.served:
-        n = len(workload.slos) + 1
-        return Score(_WORST[objective.direction], [FAILED_VIOLATION] * n, {"outcome": FAILED_VIOLATION})
+        names = [*sorted(workload.slos), "error_rate"]
+        return Score(_WORST[objective.direction], dict.fromkeys(names, FAILED_VIOLATION), {"outcome": FAILED_VIOLATION})
     terms = _slo_terms(metrics, workload)
     value = float(metrics.get(objective.metric, _WORST[objective.direction]))
-    return Score(value, list(terms.values()), {k: v for k, v in terms.items() if v > 0})
+    return Score(value, terms, {k: v for k, v in terms.items() if v > 0})
 
 
-def is_feasible(outcome: str | None, constraints: list[float] | None) -> bool:
-    return outcome == Outcome.OK and all(c <= 0 for c in constraints or [])
+def is_feasible(outcome: str | None, constraints: dict[str, float] | list[float] | None) -> bool:
+    values = constraints.values() if isinstance(constraints, dict) else constraints or []
+    return outcome == Outcome.OK and all(c <= 0 for c in values)

@@ -152,6 +152,8 @@ class StudyRun:
         }
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
+        for name, value in result.score.constraints.items():
+            trial.set_constraint(name, value)
         if result.outcome.retryable:
             self.study.tell(trial, state=TrialState.FAIL)
         else:

@@ -34,11 +34,11 @@ def default_storage_url(results_dir: Path, study_name: str) -> str:
 
 def _storage(url: str) -> RDBStorage:
     try:
+        if url.startswith("sqlite"):
+            # One tuner per SQLite study: a restart fails its leftovers at once (fail_stale_running).
+            return RDBStorage(url)
         return RDBStorage(
-            url,
-            heartbeat_interval=HEARTBEAT_S,
-            grace_period=GRACE_S,
-            engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else {},
+            url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, engine_kwargs={"pool_pre_ping": True}
         )
     except Exception as err:  # SQLAlchemy raises many kinds; all mean "cannot use this URL"
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__

@@ -114,14 +114,10 @@ def check_job(job: TuneJob, adapter: EngineAdapter) -> None:
 
 
 def _sampler(cfg: StudySettings) -> optuna.samplers.BaseSampler:
-    def constraints(t: FrozenTrial) -> list[float]:
-        return list(t.user_attrs.get("constraints", [0.0]))
-
     if cfg.sampler == "random":
         return optuna.samplers.RandomSampler(seed=cfg.seed)
     return optuna.samplers.TPESampler(
         seed=cfg.seed,
-        constraints_func=constraints,
         multivariate=True,
         constant_liar=True,
         n_startup_trials=min(10, max(3, cfg.trials // 3)),

@@ -282,8 +282,8 @@ class SglangMemory:
 class SglangMemoryPlan:
     """The numbers SGLang logs at start-up, and its failure (None when it starts).
 
-    ``failure`` is None or one of ``weights_no_room``, ``not_enough_memory``,
-    ``capture_oom_prefill``, ``capture_oom_decode``.
+    ``failure`` is None or one of ``weights_no_room``, ``not_enough_memory``, ``pool_oom`` (a
+    fraction above 1 asks for more than is free), ``capture_oom_prefill``, ``capture_oom_decode``.
     """
 
     pre: float
@@ -323,6 +323,8 @@ def plan_sglang(m: SglangMemory) -> SglangMemoryPlan:
         failure = "weights_no_room"
     elif tokens <= 0:
         failure = "not_enough_memory"
+    elif kv_bytes > after_weights:
+        failure = "pool_oom"
     elif prefill_need > after_pool:
         failure = "capture_oom_prefill"
     elif decode_need > after_prefill:

@@ -111,8 +111,10 @@ class Exchange:
         self.drop_at = -1
         self.failed = False
         obj = "chat.completion.chunk" if chat else "text_completion"
-        head = json.dumps({"id": self.rid, "object": obj, "created": self.created, "model": cfg.name})
-        self._prefix = b'data: ' + head[:-1].encode() + b',"choices":[{"index":'
+        head = json.dumps(
+            {"id": self.rid, "object": obj, "created": self.created, "model": cfg.name}, separators=(",", ":")
+        )
+        self._prefix = b"data: " + head[:-1].encode() + b',"choices":[{"index":'
         self._sglang = cfg.dialect == "sglang"
 
     # ---------------------------------------------------------------------- sink (hot path)
@@ -161,8 +163,10 @@ class Exchange:
             if not self.role_sent[index]:
                 self.role_sent[index] = True
                 role_tail = b',"usage":null' if self._sglang else b""
-                role = (self._prefix + idx + b',"delta":{"role":"assistant","content":""},"logprobs":null,'
-                        b'"finish_reason":null}]' + role_tail + b"}\n\n")
+                role = (
+                    self._prefix + idx + b',"delta":{"role":"assistant","content":""},"logprobs":null,'
+                    b'"finish_reason":null}]' + role_tail + b"}\n\n"
+                )
             body = b',"delta":{"content":"' + text + b'"},"logprobs":null,"finish_reason":'
             return role + self._prefix + idx + body + finish + stop + b"}]" + tail + b"}\n\n"
         body = b',"text":"' + text + b'","logprobs":null,"finish_reason":'
@@ -184,8 +188,14 @@ class Exchange:
             tail = b""
             if self.include_usage:
                 obj = "chat.completion.chunk" if self.chat else "text_completion"
-                payload = {"id": self.rid, "object": obj, "created": self.created, "model": self.api.cfg.name,
-                           "choices": [], "usage": usage}
+                payload = {
+                    "id": self.rid,
+                    "object": obj,
+                    "created": self.created,
+                    "model": self.api.cfg.name,
+                    "choices": [],
+                    "usage": usage,
+                }
                 tail = b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
             self.responder.end(tail + DONE)
             return
@@ -267,9 +277,15 @@ class OpenAIServer:
         now = int(time.time())
         data = []
         for name in self.cfg.served_names:
-            card: dict[str, Any] = {"id": name, "object": "model", "created": now, "owned_by": self.cfg.dialect,
-                                    "root": self.cfg.model_path, "parent": None,
-                                    "max_model_len": self.cfg.max_model_len}
+            card: dict[str, Any] = {
+                "id": name,
+                "object": "model",
+                "created": now,
+                "owned_by": self.cfg.dialect,
+                "root": self.cfg.model_path,
+                "parent": None,
+                "max_model_len": self.cfg.max_model_len,
+            }
             data.append(card)
         resp.json(200, {"object": "list", "data": data})
 
@@ -399,15 +415,30 @@ class OpenAIServer:
         self._start(exchange, planned, resp, stream)
 
     def _plan(
-        self, prompt: list[int], limit: int, ignore_eos: bool, min_tokens: int, body: dict[str, Any],
-        exchange: Exchange, index: int,
+        self,
+        prompt: list[int],
+        limit: int,
+        ignore_eos: bool,
+        min_tokens: int,
+        body: dict[str, Any],
+        exchange: Exchange,
+        index: int,
     ) -> SimRequest:
         self._rids += 1
         seed = hash((self.cfg.seed, self._rids)) & 0x7FFFFFFF
         length, reason = (limit, "length") if ignore_eos else natural_length(prompt, self.cfg.seed, limit, min_tokens)
         priority = body.get("priority", 0)
-        return SimRequest(self._rids, prompt, length, reason, limit, seed,
-                          priority=priority if isinstance(priority, int) else 0, sink=exchange, choice=index)
+        return SimRequest(
+            self._rids,
+            prompt,
+            length,
+            reason,
+            limit,
+            seed,
+            priority=priority if isinstance(priority, int) else 0,
+            sink=exchange,
+            choice=index,
+        )
 
     def _start(self, exchange: Exchange, reqs: list[SimRequest], resp: Responder, stream: bool) -> None:
         exchange.open = len(reqs)
@@ -432,10 +463,24 @@ class OpenAIServer:
             text = "".join(exchange.texts[i])
             stop_key = "matched_stop" if self.cfg.dialect == "sglang" else "stop_reason"
             if exchange.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": None, "finish_reason": req.finish_reason, stop_key: None})
+                choices.append(
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                        "finish_reason": req.finish_reason,
+                        stop_key: None,
+                    }
+                )
             else:
-                choices.append({"index": i, "text": text, "logprobs": None,
-                                "finish_reason": req.finish_reason, stop_key: None})
-        return {"id": exchange.rid, "object": "chat.completion" if exchange.chat else "text_completion",
-                "created": exchange.created, "model": self.cfg.name, "choices": choices, "usage": usage}
+                choices.append(
+                    {"index": i, "text": text, "logprobs": None, "finish_reason": req.finish_reason, stop_key: None}
+                )
+        return {
+            "id": exchange.rid,
+            "object": "chat.completion" if exchange.chat else "text_completion",
+            "created": exchange.created,
+            "model": self.cfg.name,
+            "choices": choices,
+            "usage": usage,
+        }

@@ -154,4 +154,3 @@ class PerfModel:
         """The pure memory-bandwidth bound of a decode step at peak bandwidth (for calibration)."""
         moved = self.weight_bytes(batch) + batch * (context + 1) * self.fp.kv_bytes_per_token
         return moved / self.gpu.hbm_bytes_s * self.pp
-

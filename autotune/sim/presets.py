@@ -118,45 +118,118 @@ GPUS: dict[str, GpuPreset] = {
     gpu.name: gpu
     for gpu in (
         # H100 SXM5: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16, 1979 fp8, NVLink4 900 GB/s total.
-        GpuPreset("H100-80GB", "NVIDIA H100 80GB HBM3", 79.19, 81559, 3.35 * _TB, 989e12, 1979e12,
-                  450e9, 8e-6, hopper=True),
+        GpuPreset(
+            "H100-80GB", "NVIDIA H100 80GB HBM3", 79.19, 81559, 3.35 * _TB, 989e12, 1979e12, 450e9, 8e-6, hopper=True
+        ),
         # H200 SXM: 4.8 TB/s HBM3e, same compute as H100.
-        GpuPreset("H200-141GB", "NVIDIA H200", 139.81, 143771, 4.8 * _TB, 989e12, 1979e12,
-                  450e9, 8e-6, hopper=True),
+        GpuPreset("H200-141GB", "NVIDIA H200", 139.81, 143771, 4.8 * _TB, 989e12, 1979e12, 450e9, 8e-6, hopper=True),
         # A100 SXM4 80GB: 2.039 TB/s HBM2e, 312 TFLOP/s bf16, NVLink3 600 GB/s total.
-        GpuPreset("A100-80GB", "NVIDIA A100-SXM4-80GB", 79.15, 81920, 2.039 * _TB, 312e12, 0.0,
-                  300e9, 10e-6, is_a100=True),
+        GpuPreset(
+            "A100-80GB", "NVIDIA A100-SXM4-80GB", 79.15, 81920, 2.039 * _TB, 312e12, 0.0, 300e9, 10e-6, is_a100=True
+        ),
         # A100 SXM4 40GB: 1.555 TB/s HBM2.
-        GpuPreset("A100-40GB", "NVIDIA A100-SXM4-40GB", 39.39, 40960, 1.555 * _TB, 312e12, 0.0,
-                  300e9, 10e-6, is_a100=True),
+        GpuPreset(
+            "A100-40GB", "NVIDIA A100-SXM4-40GB", 39.39, 40960, 1.555 * _TB, 312e12, 0.0, 300e9, 10e-6, is_a100=True
+        ),
         # L4: 300 GB/s GDDR6, 121 TFLOP/s bf16, 242 fp8; PCIe Gen4 only.
         GpuPreset("L4", "NVIDIA L4", 22.03, 23034, 0.3 * _TB, 121e12, 242e12, 25e9, 25e-6),
         # RTX 4090: 1008 GB/s GDDR6X, 165 TFLOP/s bf16 (fp32 accumulate), 330 fp8; no NVLink/P2P.
-        GpuPreset("RTX-4090", "NVIDIA GeForce RTX 4090", 23.65, 24564, 1.008 * _TB, 165e12, 330e12,
-                  25e9, 30e-6),
+        GpuPreset("RTX-4090", "NVIDIA GeForce RTX 4090", 23.65, 24564, 1.008 * _TB, 165e12, 330e12, 25e9, 30e-6),
     )
 }
 
 MODELS: tuple[ModelPreset, ...] = (
-    ModelPreset("meta-llama/Llama-3.1-8B-Instruct", "LlamaForCausalLM", layers=32, hidden=4096, heads=32,
-                kv_heads=8, head_dim=128, intermediate=14336, vocab=128256, params=8_030_261_248,
-                max_position=131072, bos=True, aliases=("llama-3.1-8b", "llama3.1-8b", "llama-3-8b")),
-    ModelPreset("meta-llama/Llama-3.1-70B-Instruct", "LlamaForCausalLM", layers=80, hidden=8192, heads=64,
-                kv_heads=8, head_dim=128, intermediate=28672, vocab=128256, params=70_553_706_496,
-                max_position=131072, bos=True, aliases=("llama-3.1-70b", "llama3.1-70b")),
-    ModelPreset("Qwen/Qwen2.5-7B-Instruct", "Qwen2ForCausalLM", layers=28, hidden=3584, heads=28, kv_heads=4,
-                head_dim=128, intermediate=18944, vocab=152064, params=7_615_616_512, max_position=32768,
-                aliases=("qwen2.5-7b",)),
-    ModelPreset("Qwen/Qwen2.5-72B-Instruct", "Qwen2ForCausalLM", layers=80, hidden=8192, heads=64, kv_heads=8,
-                head_dim=128, intermediate=29568, vocab=152064, params=72_706_203_648, max_position=32768,
-                aliases=("qwen2.5-72b",)),
-    ModelPreset("Qwen/Qwen3-30B-A3B", "Qwen3MoeForCausalLM", layers=48, hidden=2048, heads=32, kv_heads=4,
-                head_dim=128, intermediate=0, vocab=151936, params=30_532_122_624, max_position=40960,
-                experts=128, experts_per_token=8, expert_intermediate=768, aliases=("qwen3-30b-a3b",)),
+    ModelPreset(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "LlamaForCausalLM",
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=14336,
+        vocab=128256,
+        params=8_030_261_248,
+        max_position=131072,
+        bos=True,
+        aliases=("llama-3.1-8b", "llama3.1-8b", "llama-3-8b"),
+    ),
+    ModelPreset(
+        "meta-llama/Llama-3.1-70B-Instruct",
+        "LlamaForCausalLM",
+        layers=80,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=28672,
+        vocab=128256,
+        params=70_553_706_496,
+        max_position=131072,
+        bos=True,
+        aliases=("llama-3.1-70b", "llama3.1-70b"),
+    ),
+    ModelPreset(
+        "Qwen/Qwen2.5-7B-Instruct",
+        "Qwen2ForCausalLM",
+        layers=28,
+        hidden=3584,
+        heads=28,
+        kv_heads=4,
+        head_dim=128,
+        intermediate=18944,
+        vocab=152064,
+        params=7_615_616_512,
+        max_position=32768,
+        aliases=("qwen2.5-7b",),
+    ),
+    ModelPreset(
+        "Qwen/Qwen2.5-72B-Instruct",
+        "Qwen2ForCausalLM",
+        layers=80,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=29568,
+        vocab=152064,
+        params=72_706_203_648,
+        max_position=32768,
+        aliases=("qwen2.5-72b",),
+    ),
+    ModelPreset(
+        "Qwen/Qwen3-30B-A3B",
+        "Qwen3MoeForCausalLM",
+        layers=48,
+        hidden=2048,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        intermediate=0,
+        vocab=151936,
+        params=30_532_122_624,
+        max_position=40960,
+        experts=128,
+        experts_per_token=8,
+        expert_intermediate=768,
+        aliases=("qwen3-30b-a3b",),
+    ),
     # vLLM's default model when none is given.
-    ModelPreset("Qwen/Qwen3-0.6B", "Qwen3ForCausalLM", layers=28, hidden=1024, heads=16, kv_heads=8,
-                head_dim=128, intermediate=3072, vocab=151936, params=751_632_384, max_position=40960,
-                tie_embeddings=True, aliases=("qwen3-0.6b",)),
+    ModelPreset(
+        "Qwen/Qwen3-0.6B",
+        "Qwen3ForCausalLM",
+        layers=28,
+        hidden=1024,
+        heads=16,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=3072,
+        vocab=151936,
+        params=751_632_384,
+        max_position=40960,
+        tie_embeddings=True,
+        aliases=("qwen3-0.6b",),
+    ),
 )
 
 

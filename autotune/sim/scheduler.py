@@ -144,11 +144,8 @@ class Scheduler(ABC):
         req.done = True
         if req in self.running:
             self.running.remove(req)
-        else:
-            try:
-                self.waiting.remove(req)
-            except ValueError:
-                pass
+        elif req in self.waiting:
+            self.waiting.remove(req)
         self._free(req)
 
     def finish(self, req: SimRequest) -> None:
@@ -208,10 +205,8 @@ class Scheduler(ABC):
         n = len(req.prompt)
         for b in range(len(hashes), count):
             lo, hi = b * bs, (b + 1) * bs
-            if hi <= n:
-                block = tuple(req.prompt[lo:hi])
-            else:
-                block = tuple(self._token(req, i) for i in range(lo, hi))
+            prompt_only = hi <= n
+            block = tuple(req.prompt[lo:hi]) if prompt_only else tuple(self._token(req, i) for i in range(lo, hi))
             parent = hash((parent, block))
             hashes.append(parent)
 

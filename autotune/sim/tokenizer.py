@@ -41,15 +41,11 @@ _SPECIALS = ("<|bos|>", "<|eos|>", "<|start_header|>", "<|end_header|>", "<|eot|
 
 _SPLIT = re.compile(r"( ?[a-z]+)|([0-9]+)|(.)", re.DOTALL)
 
-# One-token words for generated text (space + 1–3 lowercase letters).
-_OUTPUT_WORDS = tuple(
-    " " + word
-    for word in "the of and to in is it you that he was for on are as with his they at be this have from or one"
-    " had by but not what all were we when can said there use an each she do how if will up out"
-    " many then them so some her him see two way who its now may day did get has new any our own"
-    " say too old why let put end men set try ask big far run".split()
-    if len(word) <= 3
-)
+# One-token words for generated text (a space and 1–3 lowercase letters each).
+_WORDS = """the of and to in is it you he was for on are as his at be or one had by but not all we can use an she do
+how if up out so her him see two way who its now may day did get has new any our own say too old why let put end men
+set try ask big far run"""
+_OUTPUT_WORDS = tuple(" " + word for word in _WORDS.split())
 
 
 def _range_of(length: int, space: bool, alphabet: str) -> int:

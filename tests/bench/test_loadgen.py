@@ -7,10 +7,12 @@ import json
 import math
 from typing import Any
 
+import httpx
 import pytest
 from fake_openai import FakeOpenAI
 
 from autotune.bench.loadgen import BenchProgress, BenchResult, assess_client, run_workload, run_workload_sync
+from autotune.bench.transport import ClientLanes
 from autotune.config import Arrival, Dataset, Workload
 from autotune.errors import BenchmarkError
 
@@ -192,6 +194,29 @@ def test_assess_client_names_each_crossed_threshold() -> None:
         "client event loop busy 95% of the run; p99 send lag 20.0 ms behind the arrival schedule; "
         "p99 event-loop lag 12.0 ms (timestamps are late by that much)"
     )
+    starved = assess_client(0.3, [], [0.02] * 100, finite_rate=False)
+    assert starved.reason.endswith("the client ran only 30% of the time: other processes took its CPU")
     # With an infinite rate everything is due at t=0; the send lag is just task creation.
     assert not assess_client(0.2, [0.05] * 10, [0.0] * 10, finite_rate=False).limited
     assert math.isclose(busy.max_loop_lag_ms, 12.0)
+
+
+def test_lanes_open_one_client_per_concurrent_request_and_reuse_the_warmest() -> None:
+    async def go() -> None:
+        lanes = ClientLanes(5.0)
+        a, b = lanes.acquire(), lanes.acquire()
+        assert a is not b and lanes.opened == 2
+        lanes.release(a)
+        lanes.release(b)
+        assert lanes.acquire() is b  # most recently freed first: its connection is the warmest
+        await lanes.aclose()
+        assert a.is_closed and b.is_closed
+
+        shared = httpx.AsyncClient()
+        lanes = ClientLanes(5.0, shared=shared)
+        assert lanes.acquire() is shared and lanes.acquire() is shared and lanes.opened == 0
+        await lanes.aclose()
+        assert not shared.is_closed
+        await shared.aclose()
+
+    asyncio.run(go())

@@ -18,6 +18,10 @@ from autotune.bench.stream import LiveCounters, stream_request
 URL = "http://server/v1/completions"
 
 
+def post() -> httpx.Request:
+    return httpx.Request("POST", URL, content=b"{}")
+
+
 def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
@@ -56,7 +60,7 @@ def run(reads: list[bytes], status: int = 200, chat: bool = False, timeout_s: fl
 
     async def go() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            await stream_request(client, URL, b"{}", {}, record, timeout_s=timeout_s, chat=chat, live=LiveCounters())
+            await stream_request(client, post(), record, timeout_s=timeout_s, chat=chat, live=LiveCounters())
 
     asyncio.run(go())
     return record
@@ -152,7 +156,7 @@ def test_connection_error_becomes_a_failed_record() -> None:
 
     async def go() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            await stream_request(client, URL, b"{}", {}, record, timeout_s=5, chat=False, live=LiveCounters())
+            await stream_request(client, post(), record, timeout_s=5, chat=False, live=LiveCounters())
 
     asyncio.run(go())
     assert not record.success and record.error == "ConnectError: connection refused"
@@ -171,7 +175,7 @@ def test_request_deadline_fails_a_stalled_stream() -> None:
 
     async def go() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            await stream_request(client, URL, b"{}", {}, record, timeout_s=0.05, chat=False, live=live)
+            await stream_request(client, post(), record, timeout_s=0.05, chat=False, live=live)
 
     asyncio.run(go())
     assert not record.success and record.error == "timed out after 0.05 s"

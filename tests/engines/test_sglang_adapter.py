@@ -555,29 +555,28 @@ def test_unrecognized_argument_is_invalid_args() -> None:
     assert event is not None and event.kind == EventKind.INVALID_ARGS
 
 
-@pytest.mark.parametrize(
-    ("line", "reason"),
-    [
-        (SIGQUIT, "child_failed"),
-        ("SIGQUIT received. signum=None, frame=None. It usually means one child failed.", "child_failed"),
-        (
-            "RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 "
-            "(SIGKILL), a common cause is the OS OOM killer.",
-            "scheduler_died",
-        ),
-    ],
-)
-def test_tree_kill_lines_are_fatal(line: str, reason: str) -> None:
+def test_scheduler_death_at_init_is_fatal_with_its_exit_code() -> None:
+    line = (
+        "RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 "
+        "(SIGKILL), a common cause is the OS OOM killer."
+    )
     event = make_adapter(NEW).parse_log_line(line)
-    assert event is not None and event.kind == EventKind.FATAL and event.data["reason"] == reason
+    assert event is not None and event.kind == EventKind.FATAL
+    assert event.data == {"reason": "scheduler_died", "exit_code": -9}
+
+
+@pytest.mark.parametrize(
+    "line", [SIGQUIT, "SIGQUIT received. signum=None, frame=None. It usually means one child failed."]
+)
+def test_parent_tree_kill_lines_leave_the_childs_error_as_the_reason(line: str) -> None:
+    assert make_adapter(NEW).parse_log_line(line) is None
 
 
 def test_minus_nine_without_a_cause_is_a_crash_not_an_interrupt() -> None:
     adapter = make_adapter(NEW)
-    event = adapter.parse_log_line(SIGQUIT)
-    assert event is not None
-    assert adapter.classify_failure(-9, [event]) == Outcome.CRASH
     assert adapter.classify_failure(-9, []) == Outcome.CRASH
+    args = adapter.parse_log_line("[2026-06-20 10:00:01] server_args={'model_path': 'm'}")
+    assert args is not None and adapter.classify_failure(-9, [args]) == Outcome.CRASH
 
 
 def test_timeout_vs_hung_scheduler() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from autotune.config import EngineSettings
 from autotune.engines import ADAPTERS, get_adapter
-from autotune.engines.base import EventKind, LogEvent, parse_help_flags, split_sample_key
+from autotune.engines.base import STARTUP_FATAL, EventKind, LogEvent, parse_help_flags, split_sample_key
 from autotune.engines.vllm import VllmAdapter
 from autotune.errors import ConfigError, InvalidFlags
 from autotune.outcomes import Outcome
@@ -284,6 +284,32 @@ def test_non_default_args_that_are_not_literals_keep_their_text() -> None:
     event = make_adapter().parse_log_line(line)
     assert event is not None and event.kind == EventKind.NON_DEFAULT_ARGS
     assert event.data == {"raw": "{'model': 'm', 'compilation_config': CompilationConfig(mode=0)}"}
+
+
+@pytest.mark.parametrize(
+    ("log_name", "returncode", "outcome"),
+    [
+        # Exit codes as observed with these logs; None: the engine was stopped after the fatal line.
+        ("vllm-0.32.0-cpu-kv-insufficient.log", None, Outcome.KV_INSUFFICIENT),
+        ("vllm-0.32.0-cpu-bad-dtype.log", 2, Outcome.INVALID_FLAGS),  # argparse, after a 300-line usage
+        ("vllm-0.32.0-cpu-bad-memory-fraction.log", 1, Outcome.INVALID_FLAGS),  # pydantic: 1.5 > 1
+        ("vllm-0.32.0-cpu-context-above-model.log", 1, Outcome.INVALID_FLAGS),  # 8192 > derived 4096
+    ],
+)
+def test_real_failure_logs_are_classified(log_name: str, returncode: int | None, outcome: Outcome) -> None:
+    events = parse_all((DATA / log_name).read_text().splitlines())
+    assert make_adapter().classify_failure(returncode, events) == outcome
+    assert any(e.kind in STARTUP_FATAL for e in events)  # so wait_ready ends at once
+
+
+def test_kv_cause_follows_the_fatal_line() -> None:
+    # vLLM logs "EngineCore failed to start." before the traceback that names the cause, so the
+    # supervisor must keep reading after the first fatal line (EngineProcess.fatal_exit_wait_s).
+    events = parse_all((DATA / "vllm-0.32.0-cpu-kv-insufficient.log").read_text().splitlines())
+    kinds = [e.kind for e in events]
+    assert kinds.index(EventKind.FATAL) < kinds.index(EventKind.KV_INSUFFICIENT)
+    kv = events[kinds.index(EventKind.KV_INSUFFICIENT)]
+    assert kv.data == {"context_len": 4096, "max_len_estimate": 1920}
 
 
 # -------------------------------------------------------------------------------- classification

@@ -16,6 +16,7 @@ def test_served_within_slo_is_feasible() -> None:
 def test_slo_violation_is_a_positive_constraint() -> None:
     s = score(Outcome.OK, {"output_throughput": 3000.0, "p95_ttft_ms": 1500.0, "error_rate": 0.0}, WL)
     assert s.violations == {"p95_ttft_ms": 0.5}
+    assert set(s.constraints) == {"p95_ttft_ms", "error_rate"}
     assert not is_feasible("slo_violation", s.constraints)
 
 
@@ -26,7 +27,7 @@ def test_error_rate_bound() -> None:
 
 def test_failed_trial_is_worst_and_infeasible_for_both_directions() -> None:
     s = score(Outcome.OOM_STARTUP, {}, WL)
-    assert s.value == 0.0 and all(c == FAILED_VIOLATION for c in s.constraints)
+    assert s.value == 0.0 and all(c == FAILED_VIOLATION for c in s.constraints.values())
     wl_min = parse_model(Workload, {"objective": {"metric": "p95_ttft_ms", "direction": "minimize"}}, "t")
     s_min = score(Outcome.KV_INSUFFICIENT, {}, wl_min)
     # Minimising latency: a failure must score far worse than any real latency (never 0.0).

@@ -13,6 +13,8 @@ that way). Every modelled duration goes through :meth:`Runtime.pause`, which div
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import math
 import os
 import signal
@@ -32,7 +34,7 @@ from autotune.sim.scheduler import Scheduler
 from autotune.sim.settings import SimSettings
 from autotune.sim.stats import EngineStats
 
-__all__ = ["Dialect", "LogWriter", "Router", "Runtime", "human_int", "modelled_banner"]
+__all__ = ["Dialect", "LogWriter", "Router", "Runtime", "expand_config", "human_readable_int", "modelled_banner"]
 
 
 def modelled_banner(settings: SimSettings) -> str:
@@ -44,7 +46,7 @@ def modelled_banner(settings: SimSettings) -> str:
     )
 
 
-def human_int(value: str) -> int:
+def human_readable_int(value: str) -> int:
     """``32k`` = 32000, ``32K`` = 32768 (also m/M, g/G); plain integers pass through."""
     text = value.strip()
     decimal = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -56,6 +58,39 @@ def human_int(value: str) -> int:
     if text.endswith("i") and len(text) > 1 and text[-2] in binary:  # SGLang's 1Ki
         return int(float(text[:-2]) * binary[text[-2]])
     return int(text)
+
+
+def expand_config(argv: list[str], *, negate: bool) -> list[str]:
+    """``--config f.yaml``: the file's keys become flags placed before the command line's own.
+
+    ``negate``: a false boolean becomes ``--no-<key>`` (vLLM) instead of being left out (SGLang).
+    """
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            path, used = arg.split("=", 1)[1], 1
+        elif arg == "--config" and i + 1 < len(argv):
+            path, used = argv[i + 1], 2
+        else:
+            continue
+        import yaml  # only when a config file is given: keeps start-up fast
+
+        with open(path) as fh:
+            data = yaml.safe_load(fh) or {}
+        extra: list[str] = []
+        for key, value in data.items():
+            flag = "--" + str(key).replace("_", "-")
+            if value is True:
+                extra.append(flag)
+            elif value is False:
+                extra += ["--no-" + flag[2:]] if negate else []
+            elif isinstance(value, list):
+                extra += [flag, *map(str, value)]
+            elif isinstance(value, dict):
+                extra += [flag, json.dumps(value)]
+            else:
+                extra += [flag, str(value)]
+        return extra + argv[:i] + argv[i + used :]
+    return argv
 
 
 class LogWriter:
@@ -72,10 +107,8 @@ class LogWriter:
 
     def flush(self) -> None:
         for stream in (self.out, self.err):
-            try:
+            with contextlib.suppress(BrokenPipeError, ValueError):  # a closed pipe must not kill the server
                 stream.flush()
-            except (BrokenPipeError, ValueError):
-                pass
 
 
 class Router:
@@ -177,14 +210,38 @@ class Runtime:
         s = self.settings
         loop = asyncio.get_running_loop()
         return Engine(
-            scheduler, perf, stats, fp=fp, headroom=headroom, speedup=s.speedup, noise=s.noise,
-            seed=s.seed + rank, faults=s.faults, observer=observer, clock=loop.time,
+            scheduler,
+            perf,
+            stats,
+            fp=fp,
+            headroom=headroom,
+            speedup=s.speedup,
+            noise=s.noise,
+            seed=s.seed + rank,
+            faults=s.faults,
+            observer=observer,
+            clock=loop.time,
         )
 
 
 def new_pool(blocks: int, block_size: int, caching: bool) -> BlockPool:
     """A KV block pool (at least one block so arithmetic stays defined)."""
     return BlockPool(max(1, blocks), block_size, caching)
+
+
+def torch_oom(tried: float, free: float, total_gib: float) -> list[str]:
+    """torch's CUDA out-of-memory message for an allocation of ``tried`` bytes with ``free`` left."""
+    free_mib = max(free, 0.0) / 2**20
+    in_use = total_gib - free_mib / 1024
+    return [
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {max(tried, 2**21) / 2**30:.2f} GiB. GPU 0 "
+        f"has a total capacity of {total_gib:.2f} GiB of which {free_mib:.2f} MiB is free. Including non-PyTorch "
+        f"memory, this process has {in_use:.2f} GiB memory in use. Of the allocated memory {in_use * 0.97:.2f} GiB "
+        f"is allocated by PyTorch, and {in_use * 0.01:.2f} GiB is reserved by PyTorch but unallocated. If reserved "
+        "but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+        "fragmentation.  See documentation for Memory Management  "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    ]
 
 
 def fmt_commas(n: int) -> str:

@@ -1,0 +1,171 @@
+"""The closed loop end to end on the simulated engine: studies complete, classify failures,
+find the memory edge under load, export working scripts, and resume after the tuner is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.search.storage import best_trial, load_study
+from autotune.search.tune import TuneJob, run_study
+
+pytestmark = pytest.mark.slow
+
+SIM_ENV = {"AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SPEEDUP": "50", "AUTOTUNE_SIM_SEED": "0"}
+WORKLOAD = {
+    "name": "sim-small",
+    "dataset": {"input_len": 512, "output_len": 64},
+    "num_prompts": 64,
+    "warmup_requests": 2,
+    "arrival": {"concurrency": 32},
+    "slos": {"p95_ttft_ms": 5000},
+}
+
+
+def _engine(dialect: str = "vllm", env: dict[str, str] | None = None) -> EngineSettings:
+    return parse_model(
+        EngineSettings,
+        {
+            "kind": dialect,
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "command": [sys.executable, "-m", "autotune.sim", dialect],
+            "env": {**SIM_ENV, **(env or {})},
+            "startup_timeout_s": 60,
+            "simulated": True,
+        },
+        "test",
+    )
+
+
+def _job(tmp_path: Path, space: dict[str, Any], **study: Any) -> TuneJob:
+    return TuneJob(
+        engine=study.pop("engine", _engine()),
+        space=parse_model(SearchSpace, space, "space"),
+        workload=parse_model(Workload, study.pop("workload", WORKLOAD), "workload"),
+        study=parse_model(StudySettings, {"name": "t", "results_dir": tmp_path, "seed": 1, **study}, "study"),
+    )
+
+
+SEARCH_SPACE = {
+    "params": {
+        "max_running": {"type": "int", "low": 8, "high": 256, "log": True},
+        "batched_tokens": {"type": "categorical", "choices": [2048, 8192]},
+    }
+}
+
+
+def test_search_study_completes_and_exports(tmp_path: Path) -> None:
+    job = _job(tmp_path, SEARCH_SPACE, method="search", trials=3, finalists=1, validation_runs=1)
+    best = run_study(job)
+    assert best is not None
+    study = load_study("t", job.storage_url)
+    stages = [t.user_attrs["stage"] for t in study.trials]
+    assert stages == ["baseline", "search", "search", "search", "validation"]
+    for t in study.trials:
+        folder = Path(t.user_attrs["trial_dir"])
+        assert {"argv.json", "engine.log", "bench.json", "outcome.json"} <= {p.name for p in folder.iterdir()}
+        assert t.user_attrs["facts"].get("kv_tokens", 0) > 0
+        assert t.user_attrs["metrics"]["output_throughput"] > 0
+    assert "validated_median" in best.user_attrs
+    # the flags the sampler chose are exactly the flags the engine got
+    argv = best.user_attrs["argv"]
+    for flag, value in best.user_attrs["flags"].items():
+        assert argv[argv.index(flag) + 1] == str(value)
+
+
+def test_unstartable_flags_are_classified_and_never_best(tmp_path: Path) -> None:
+    # A 72B model at a tiny memory fraction cannot hold its weights; at a small one, no KV room.
+    space = {"params": {"memory_fraction": {"type": "categorical", "choices": [0.3, 0.9]}}}
+    job = _job(tmp_path, space, method="search", trials=4, finalists=0, baseline=False)
+    run_study(job)
+    study = load_study("t", job.storage_url)
+    outcomes = {t.params.get("memory_fraction"): t.user_attrs["outcome"] for t in study.trials}
+    assert outcomes.get(0.3) in ("oom_startup", "kv_insufficient")
+    best = best_trial(study)
+    assert best is None or best.params["memory_fraction"] == 0.9
+
+
+def test_staged_run_finds_the_edge_under_load(tmp_path: Path) -> None:
+    space = {
+        "params": {
+            "memory_fraction": {"type": "float", "low": 0.80, "high": 0.98, "step": 0.02},
+            "max_running": {"type": "int", "low": 64, "high": 1024, "log": True},
+        }
+    }
+    job = _job(tmp_path, space, method="staged", trials=10, finalists=1, validation_runs=1, memory_probe="bisect")
+    best = run_study(job)
+    study = load_study("t", job.storage_url)
+    state = study.user_attrs["stage.memory_edge"]
+    assert state["done"] and state["edge"] is not None
+    results = {float(k): v for k, v in state["results"].items()}
+    # a failure exists above the edge and everything at or below it that was tried is stable
+    assert any(r == "too_high" and f > state["edge"] for f, r in results.items())
+    assert all(r != "too_high" for f, r in results.items() if f <= state["edge"])
+    stages = {t.user_attrs["stage"] for t in study.trials}
+    assert {"baseline", "memory_edge", "scenario", "validation"} <= stages
+    assert best is not None
+    assert best.params.get("memory_fraction", state["edge"]) <= state["edge"] + 1e-9
+
+
+def _sim_processes(results: Path) -> list[int]:
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "autotune.sim" in cmd and str(results) in (entry / "environ").read_bytes().decode(errors="replace"):
+            out.append(int(entry.name))
+    return out
+
+
+def test_kill_9_mid_trial_then_resume(tmp_path: Path) -> None:
+    """The tuner dies hard mid-trial; the same command again reaps the orphan engine, marks the
+    interrupted trial failed, keeps every completed trial and finishes the study."""
+    space_file = tmp_path / "space.json"
+    space_file.write_text(json.dumps(SEARCH_SPACE))
+    wl_file = tmp_path / "wl.json"
+    wl_file.write_text(json.dumps({**WORKLOAD, "num_prompts": 200}))
+    cmd = [
+        sys.executable, "-m", "autotune.cli", "tune", "--study", "k", "--engine", "sim", "--method", "search",
+        "--space", str(space_file), "--workload", str(wl_file), "--trials", "3", "--finalists", "0",
+        "--results", str(tmp_path), "--seed", "3", "--sim-speedup", "5",
+    ]
+    env = {**os.environ, "AUTOTUNE_SIM_SEED": "0", "MARK_RESULTS": str(tmp_path)}
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    storage = f"sqlite:///{tmp_path / 'k' / 'study.db'}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until the second trial's engine is up
+        time.sleep(0.5)
+        try:
+            trials = optuna.load_study(study_name="k", storage=storage).trials
+        except (KeyError, Exception):
+            continue
+        if len(trials) >= 2 and "engine_pgid" in trials[1].user_attrs and trials[0].state.is_finished():
+            break
+    else:
+        first.kill()
+        pytest.fail("the first run never reached its second trial")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert _sim_processes(tmp_path), "the killed tuner's engine should still be running (the orphan to reap)"
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "reaped" in done.stdout
+    study = load_study("k", storage)
+    interrupted = [t for t in study.trials if t.user_attrs.get("outcome") == "interrupted"]
+    assert len(interrupted) == 1
+    assert study.trials[0].user_attrs["outcome"] == "ok"  # the completed baseline survived
+    searched = [t for t in study.trials if t.user_attrs["stage"] == "search" and not t.user_attrs.get("retried")]
+    assert len([t for t in searched if t.state.is_finished()]) == 3
+    assert not _sim_processes(tmp_path)
