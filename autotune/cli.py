@@ -27,7 +27,7 @@ from autotune.report.export import FORMATS, LaunchRecord, render
 from autotune.report.html import write_report
 from autotune.report.live import LiveProgress
 from autotune.report.table import trials_frame
-from autotune.search.storage import best_trial, default_storage_url, load_study
+from autotune.search.storage import best_trial, default_storage_url, load_study, objective_summary
 from autotune.search.tune import TuneJob, run_study
 
 app = typer.Typer(
@@ -244,9 +244,9 @@ def tune(
     if best is None:
         console.print("no trial met the SLOs; see `autotune status` for what failed and why")
         raise typer.Exit(1)
-    _print_best(best, settings.simulated)
-    path = _export_trial(job.study.name, best, "bash", None, settings.model_dump())
-    console.print(f"launch script: {path}")
+    finished = load_study(job.study.name, job.storage_url)
+    _print_best(finished, best)
+    console.print(f"launch script: {_export_trial(finished, best, 'bash', None)}")
 
 
 @app.command("probe-memory")
@@ -313,14 +313,21 @@ def _terminate_as_interrupt() -> None:
         signal.signal(sig, handler)
 
 
-def _print_best(best: optuna.trial.FrozenTrial, simulated: bool) -> None:
-    ua = best.user_attrs
-    med = ua.get("validated_median", best.value)
-    spread = ua.get("validated_spread")
-    note = f" (median of {len(ua.get('validated_values', []))} runs, spread {spread:.1%})" if spread is not None else ""
-    sim = " [modelled by the simulator]" if simulated else ""
-    console.print(f"best trial {best.number}: {med:,.1f}{note}{sim}")
-    console.print("flags: " + (_flags_text(ua.get("flags", {})) or "(engine defaults)"), highlight=False)
+def _objective_metric(study: optuna.Study) -> str:
+    return str(study.user_attrs.get("config", {}).get("workload", {}).get("objective", {}).get("metric", "objective"))
+
+
+def _print_best(study: optuna.Study, best: optuna.trial.FrozenTrial) -> None:
+    value, note = objective_summary(study, best)
+    metric = _objective_metric(study)
+    sim = " (modelled by the simulator)" if _engine_config(study).get("simulated") else ""
+    console.print(
+        f"best trial {best.number} ({best.user_attrs.get('stage')}): {metric} {value:,.1f}"
+        + (f" ({note})" if note else "")
+        + sim,
+        highlight=False,
+    )
+    console.print("flags: " + (_flags_text(best.user_attrs.get("flags", {})) or "(engine defaults)"), highlight=False)
 
 
 def _flags_text(flags: dict[str, Any]) -> str:
@@ -376,23 +383,23 @@ def status(
     if best is None:
         console.print("best: none yet (no trial served the workload within its SLOs)")
     else:
-        _print_best(best, bool(_engine_config(st).get("simulated")))
+        _print_best(st, best)
 
 
 def _engine_config(st: optuna.Study) -> dict[str, Any]:
     return dict(st.user_attrs.get("config", {}).get("engine", {}))
 
 
-def _export_trial(
-    study: str, trial: optuna.trial.FrozenTrial, fmt: str, output: Path | None, engine_cfg: dict[str, Any]
-) -> Path:
+def _export_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, fmt: str, output: Path | None) -> Path:
     ua = trial.user_attrs
     if not ua.get("argv"):
         raise ConfigError(f"trial {trial.number} has no recorded launch (outcome {ua.get('outcome')}); pick another")
-    value = ua.get("validated_median", trial.value)
-    summary = f"outcome {ua.get('outcome')}, objective {value:,.2f}" if value is not None else ""
+    engine_cfg = _engine_config(study)
+    value, note = objective_summary(study, trial)
+    summary = f"outcome {ua.get('outcome')}, {_objective_metric(study)} {value:,.2f}" if value is not None else ""
+    summary += f" ({note})" if note else ""
     rec = LaunchRecord(
-        study=study,
+        study=study.study_name,
         trial=trial.number,
         argv=ua["argv"],
         env=ua.get("env", {}),
@@ -434,7 +441,7 @@ def export(
             if not found:
                 raise ConfigError(f"study {study!r} has no trial {trial}; see `autotune status {study}`")
             chosen = found[0]
-        path = _export_trial(study, chosen, fmt, output, _engine_config(st))
+        path = _export_trial(st, chosen, fmt, output)
     except AutotuneError as err:
         raise _fail(err) from None
     console.print(str(path))

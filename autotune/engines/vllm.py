@@ -330,6 +330,26 @@ class VllmAdapter(EngineAdapter):
         env = {**LAUNCH_ENV, **self.settings.env}
         return LaunchSpec(argv=argv, env=env, host=host, port=port, ready_path="/health")
 
+    def render_flags(self, flags: Mapping[str, Any]) -> list[str]:
+        """As the base, except that ``--enable-x: False`` becomes ``--disable-x`` where the engine
+        lists no ``--no-enable-x`` (0.33+ hides it behind the ``--disable-x`` partner); dropping
+        the flag instead would leave the engine's default on."""
+        known = self._flagset
+        out: dict[str, Any] = {}
+        for flag, value in flags.items():
+            partner = "--disable-" + flag.removeprefix("--enable-")
+            if (
+                value is False
+                and known is not None
+                and flag.startswith("--enable-")
+                and "--no-" + flag[2:] not in known
+                and partner in known
+            ):
+                out[partner] = True
+            else:
+                out[flag] = value
+        return super().render_flags(out)
+
     # --------------------------------------------------------------------------- observing
     def parse_log_line(self, line: str) -> LogEvent | None:
         """One output line → event, or None (most lines)."""

@@ -49,6 +49,8 @@ WINNER_COLOUR, BASELINE_COLOUR = "#2ca02c", "#7f7f7f"
 CDF_NAMES = {"baseline": "engine defaults", "winner": "winner"}
 HEIGHT = 440
 MIN_IMPORTANCE_TRIALS = 3
+# Stages whose trials Optuna sampled: a plain search, or the scenario search of the staged method.
+SEARCH_STAGES = ("search", "scenario")
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,10 @@ def _hover(frame: pd.DataFrame) -> list[str]:
 
 # ------------------------------------------------------------------------ optimisation history
 def _best_so_far(served: pd.DataFrame, maximize: bool) -> pd.DataFrame:
-    # Validation runs re-measure a finalist: counting them would turn noise into "progress".
-    candidates = served[served["feasible"].astype(bool) & (served["stage"] != "validation")]
+    # Validation runs re-measure a finalist: counting them would turn noise into "progress";
+    # a probe under its own (peak) load measured something else.
+    comparable = (served["stage"] != "validation") & ~served["own_load"].astype(bool)
+    candidates = served[served["feasible"].astype(bool) & comparable]
     feasible = candidates.sort_values("trial")
     best = feasible["value"].cummax() if maximize else feasible["value"].cummin()
     line = pd.DataFrame({"trial": feasible["trial"], "best": best})
@@ -196,7 +200,7 @@ def pareto(report: StudyReport) -> Plot:
     needed = {"output_throughput", "p95_ttft_ms"}
     if frame.empty or not needed <= set(frame.columns):
         return Plot("plot-pareto", title, None, "no trial served the workload")
-    points = frame[frame["served"].astype(bool)].dropna(subset=list(needed))
+    points = frame[frame["served"].astype(bool) & ~frame["own_load"].astype(bool)].dropna(subset=list(needed))
     if points.empty:
         return Plot("plot-pareto", title, None, "no trial served the workload")
     fig = go.Figure()
@@ -234,6 +238,8 @@ def pareto(report: StudyReport) -> Plot:
     fig.update_xaxes(title_text="p95 TTFT (ms)")
     fig.update_yaxes(title_text="output throughput (tok/s)")
     note = "Up and to the left is better; open markers missed an SLO."
+    if frame["own_load"].astype(bool).any():
+        note += " Probes that ran the peak load (memory edge) are left out: their numbers measure another load."
     return Plot("plot-pareto", title, _layout(fig), note)
 
 
@@ -317,7 +323,7 @@ def _importance_trials(report: StudyReport) -> tuple[list[FrozenTrial], list[str
     trials = [
         t
         for t in report.trials
-        if t.user_attrs.get("stage") == "search"
+        if t.user_attrs.get("stage") in SEARCH_STAGES
         and t.state == TrialState.COMPLETE
         and t.user_attrs.get("outcome") in SERVED
     ]

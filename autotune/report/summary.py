@@ -165,14 +165,21 @@ class StudyReport:
 
     @property
     def winner_value(self) -> float | None:
+        """The tuner's validated median; else the median over the runs this report found."""
         if self.winner is None:
             return None
-        value = self.winner.user_attrs.get("validated_median", self.winner.value)
+        gain = self.objective_gain
+        value = self.winner.user_attrs.get("validated_median", gain.winner if gain else self.winner.value)
         return None if value is None else float(value)
 
     @property
     def winner_spread(self) -> float | None:
-        return None if self.winner is None else self.winner.user_attrs.get("validated_spread")
+        if self.winner is None:
+            return None
+        gain = self.objective_gain
+        fallback = gain.spread if gain is not None and self.winner_runs > 1 else None
+        spread = self.winner.user_attrs.get("validated_spread", fallback)
+        return None if spread is None else float(spread)
 
     @property
     def winner_runs_text(self) -> str:
@@ -315,7 +322,7 @@ def _failures(trials: Sequence[FrozenTrial]) -> list[TrialNote]:
 
 
 def _frame(study_trials: Sequence[FrozenTrial], frame: pd.DataFrame) -> pd.DataFrame:
-    """``trials_frame`` plus what the plots need: feasibility, knob values, throughput spread."""
+    """``trials_frame`` plus what the plots need: feasibility, knob values, spread, own load."""
     by_number = {t.number: t for t in study_trials}
     extra = pd.DataFrame(
         [
@@ -326,10 +333,20 @@ def _frame(study_trials: Sequence[FrozenTrial], frame: pd.DataFrame) -> pd.DataF
                 "memory_fraction": knob_value(t.user_attrs, "memory_fraction"),
                 "cuda_graph_max_bs": knob_value(t.user_attrs, "cuda_graph_max_bs"),
                 "throughput_spread": (t.user_attrs.get("spread") or {}).get("output_throughput"),
+                # A probe that ran its own load (the memory edge's peak) is not comparable with the rest.
+                "own_load": bool(t.user_attrs.get("workload_override")),
             }
             for n, t in by_number.items()
         ],
-        columns=["trial", "served", "feasible", "memory_fraction", "cuda_graph_max_bs", "throughput_spread"],
+        columns=[
+            "trial",
+            "served",
+            "feasible",
+            "memory_fraction",
+            "cuda_graph_max_bs",
+            "throughput_spread",
+            "own_load",
+        ],
     )
     if frame.empty:
         return extra

@@ -7,6 +7,8 @@ from typing import Any
 import optuna
 import pandas as pd
 
+from autotune.search.storage import validation
+
 __all__ = ["KEY_METRICS", "trials_frame"]
 
 KEY_METRICS = (
@@ -23,15 +25,15 @@ KEY_METRICS = (
 )
 
 
-def _row(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+def _row(t: optuna.trial.FrozenTrial, checked: dict[str, Any]) -> dict[str, Any]:
     ua = t.user_attrs
     row: dict[str, Any] = {
         "trial": t.number,
         "stage": ua.get("stage", ""),
         "outcome": ua.get("outcome", t.state.name.lower()),
         "value": t.value,
-        "validated_median": ua.get("validated_median"),
-        "validated_spread": ua.get("validated_spread"),
+        "validated_median": checked.get("median"),
+        "validated_spread": checked.get("spread"),
         "validates": ua.get("validates"),
         "host": ua.get("host"),
     }
@@ -47,4 +49,5 @@ def _row(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """Every trial of the study, in trial order; absent values are NaN/None."""
-    return pd.DataFrame([_row(t) for t in study.get_trials(deepcopy=False)])
+    checked = validation(study)
+    return pd.DataFrame([_row(t, checked.get(t.number, {})) for t in study.get_trials(deepcopy=False)])

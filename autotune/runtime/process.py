@@ -30,7 +30,7 @@ from typing import IO
 import httpx
 
 from autotune.errors import EngineCrashed, EngineStartupError, StartupTimeout, TeardownError
-from autotune.runtime.procfs import ENGINE_MARKER_ENV, send_group, terminate_group
+from autotune.runtime.procfs import ENGINE_MARKER_ENV, pids_in_group, send_group, terminate_group
 
 __all__ = ["EngineProcess"]
 
@@ -87,6 +87,8 @@ class EngineProcess:
         self.fatal_exit_wait_s = fatal_exit_wait_s
         self.pid: int | None = None
         self.pgid: int | None = None
+        #: the group's PIDs when stop() began: pass them to gpu.wait_pids_released afterwards
+        self.stopped_pids: list[int] = []
         self.fatal_line: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -159,6 +161,7 @@ class EngineProcess:
         """
         if self._proc is None or self.pgid is None:
             return
+        self.stopped_pids = self.group_pids() or self.stopped_pids
         survivors: list[int] = []
         try:
             survivors = terminate_group(self.pgid, grace_s=self.grace_s, kill_wait_s=_KILL_WAIT_S)
@@ -188,6 +191,10 @@ class EngineProcess:
     def alive(self) -> bool:
         """True while the launched process runs (its children are not looked at)."""
         return self._proc is not None and self._proc.poll() is None
+
+    def group_pids(self) -> list[int]:
+        """Live PIDs of the engine's process group (the launched process and all it spawned)."""
+        return [] if self.pgid is None else pids_in_group(self.pgid)
 
     def elapsed_s(self) -> float:
         """Seconds since :meth:`start`."""

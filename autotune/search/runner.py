@@ -23,7 +23,7 @@ from autotune.engines.base import EngineAdapter
 from autotune.search.objective import is_feasible
 from autotune.search.progress import Progress
 from autotune.search.space import distribution, suggest, suggest_param
-from autotune.search.storage import best_trial
+from autotune.search.storage import best_trial, feasible_trials, superseded, validation
 from autotune.search.trial import TrialResult, TrialSpec, run_trial
 
 __all__ = ["StudyRun", "redact_env"]
@@ -58,7 +58,8 @@ class StudyRun:
 
     def finished(self, stage: str) -> list[FrozenTrial]:
         """Trials that count toward a stage's quota: finished and not superseded by a retry."""
-        return [t for t in self.trials(stage) if t.state.is_finished() and not t.user_attrs.get("retried")]
+        replaced = superseded(self.trials())
+        return [t for t in self.trials(stage) if t.state.is_finished() and t.number not in replaced]
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -152,8 +153,8 @@ class StudyRun:
         }
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
-        for name, value in result.score.constraints.items():
-            trial.set_constraint(name, value)
+        for name, slack in result.score.constraints.items():
+            trial.set_constraint(name, slack)
         if result.outcome.retryable:
             self.study.tell(trial, state=TrialState.FAIL)
         else:
@@ -167,12 +168,11 @@ class StudyRun:
     def retry_failed(self) -> None:
         """Re-run (within the retry budget) trials that crashed, timed out or were interrupted."""
         for t in self.trials():
-            if t.state != TrialState.FAIL or t.user_attrs.get("retried") or "params" not in t.user_attrs:
+            if t.state != TrialState.FAIL or t.number in superseded(self.trials()) or "params" not in t.user_attrs:
                 continue
             attempts = int(t.user_attrs.get("attempt", 0))
             if attempts >= self.job.study.retries or self.out_of_time():
                 continue
-            self.study._storage.set_trial_user_attr(t._trial_id, "retried", True)
             self.progress.message(f"retrying trial {t.number} ({t.user_attrs.get('outcome', 'failed')})")
             keep = ("validates", "probe", "workload_override")
             extra = {k: t.user_attrs[k] for k in keep if k in t.user_attrs}
@@ -210,30 +210,23 @@ class StudyRun:
             self._store_validation(finalist)
 
     def _finalists(self, n: int) -> list[FrozenTrial]:
-        candidates = [
-            t
-            for t in self.trials()
-            if t.user_attrs.get("stage") != STAGE_VALIDATION
-            and t.state == TrialState.COMPLETE
-            and not t.user_attrs.get("workload_override")  # a probe's peak-load number is not comparable
-            and is_feasible(t.user_attrs.get("outcome"), t.user_attrs.get("constraints"))
-        ]
+        candidates = feasible_trials(self.study)
         maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
         return sorted(candidates, key=lambda t: t.value or 0.0, reverse=maximize)[:n]
 
     def _store_validation(self, finalist: FrozenTrial) -> None:
         runs = [t for t in self.finished(STAGE_VALIDATION) if t.user_attrs.get("validates") == finalist.number]
         ok = [is_feasible(t.user_attrs.get("outcome"), t.user_attrs.get("constraints")) for t in runs]
-        values = [float(finalist.value or 0.0)] + [
-            float(t.value or 0.0) if good else 0.0 for t, good in zip(runs, ok, strict=True)
-        ]
+        values = [float(finalist.value or 0.0)]
+        values += [float(t.value or 0.0) if good else 0.0 for t, good in zip(runs, ok, strict=True)]
         median = statistics.median(values)
-        storage = self.study._storage
-        storage.set_trial_user_attr(finalist._trial_id, "validated_values", values)
-        storage.set_trial_user_attr(finalist._trial_id, "validated_median", median)
-        storage.set_trial_user_attr(
-            finalist._trial_id, "validated_spread", (max(values) - min(values)) / median if median else 0.0
-        )
-        # A finalist that fails any re-run is not a safe deployment: keep it out of "best".
-        if not all(ok):
-            storage.set_trial_user_attr(finalist._trial_id, "outcome", "unstable")
+        record = {
+            "values": values,
+            "median": median,
+            "spread": (max(values) - min(values)) / median if median else 0.0,
+            # A finalist that fails any re-run is not a safe deployment: it cannot win.
+            "stable": all(ok),
+        }
+        checked = {str(k): v for k, v in validation(self.study).items()}
+        checked[str(finalist.number)] = record
+        self.study.set_user_attr("validation", checked)

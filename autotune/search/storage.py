@@ -15,7 +15,17 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import StudyError
 from autotune.search.objective import is_feasible
 
-__all__ = ["best_trial", "default_storage_url", "feasible_trials", "load_study", "open_study", "study_dir"]
+__all__ = [
+    "best_trial",
+    "default_storage_url",
+    "feasible_trials",
+    "load_study",
+    "objective_summary",
+    "open_study",
+    "study_dir",
+    "superseded",
+    "validation",
+]
 
 log = logging.getLogger(__name__)
 
@@ -99,23 +109,45 @@ def fail_stale_running(study: optuna.Study) -> list[FrozenTrial]:
     return stale
 
 
+def validation(study: optuna.Study) -> dict[int, dict[str, Any]]:
+    """Finalist number → {values, median, spread, stable} from the validation stage.
+
+    Kept in the study's attributes: Optuna forbids changing a trial once it is finished."""
+    return {int(k): v for k, v in study.user_attrs.get("validation", {}).items()}
+
+
+def superseded(trials: list[FrozenTrial]) -> set[int]:
+    """Numbers of failed trials that a later retry replaced (the retry carries ``retry_of``)."""
+    return {int(t.user_attrs["retry_of"]) for t in trials if "retry_of" in t.user_attrs}
+
+
 def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Served trials that met every SLO, under the workload itself (not a probe's peak load)."""
     return [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if is_feasible(t.user_attrs.get("outcome"), t.user_attrs.get("constraints"))
+        if t.user_attrs.get("stage") != "validation"
+        and not t.user_attrs.get("workload_override")
+        and is_feasible(t.user_attrs.get("outcome"), t.user_attrs.get("constraints"))
     ]
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The best feasible trial (served, every SLO met). Validated trials rank by their median."""
+    """The winner: among validated finalists that stayed feasible, the best median; before any
+    validation, the best single feasible trial. A validation re-run is never the winner itself."""
     trials = feasible_trials(study)
-    if not trials:
+    checked = validation(study)
+    stable = [t for t in trials if checked.get(t.number, {}).get("stable")]
+    pool = stable or [t for t in trials if t.number not in checked]
+    if not pool:
         return None
     sign = 1 if study.direction.name.lower() == "maximize" else -1
+    return max(pool, key=lambda t: sign * float(checked.get(t.number, {}).get("median", t.value) or 0.0))
 
-    def key(t: FrozenTrial) -> float:
-        v: Any = t.user_attrs.get("validated_median", t.value)
-        return sign * float(v)
 
-    return max(trials, key=key)
+def objective_summary(study: optuna.Study, trial: FrozenTrial) -> tuple[float | None, str]:
+    """(value, note): the validated median with its spread when there is one."""
+    checked = validation(study).get(trial.number)
+    if checked is None:
+        return trial.value, ""
+    return checked["median"], f"median of {len(checked['values'])} runs, spread {checked['spread']:.1%}"

@@ -136,7 +136,7 @@ class _Trial:
                 launch.base_url, self.workload, api_key=self.adapter.api_key(), on_progress=self._bench_progress
             )
             proc.check_alive()  # vLLM answers 200 streams with an error body when its core dies
-            runs.append(result.to_json())
+            runs.append(result.to_json(detailed=True))
         after = prometheus.scrape(launch.base_url)
         facts = self.adapter.engine_facts(self.events, before, after)
         facts["client_limited"] = any(r.get("client_limited") for r in runs)

@@ -119,18 +119,17 @@ class Exchange:
 
     # ---------------------------------------------------------------------- sink (hot path)
     def emit(self, req: SimRequest, finished: bool) -> None:
-        i = req.choice
-        tok = self.api.tokenizer
-        word = tok.output_index(req.out_seed, req.generated - 1)
+        index = self._word_index(req.out_seed, req.generated - 1)
         if self.stream:
-            pending = self.pending[i]
-            pending.append(tok.output_json[word])
+            pending = self.pending[req.choice]
+            pending.append(self._json_words[index])
             if finished or len(pending) >= self.interval:
-                if not self.responder.closed:
-                    self.responder.write(self._chunk(i, b"".join(pending), req, finished))
+                if not self.responder.done:
+                    text = pending[0] if len(pending) == 1 else b"".join(pending)
+                    self.responder.write(self._chunk(req.choice, text, req, finished))
                 pending.clear()
         else:
-            self.texts[i].append(tok.output_text[word])
+            self.texts[req.choice].append(self._text_words[index])
         if finished:
             self._finished_one()
         elif self.drop_at >= 0 and req.generated >= self.drop_at:

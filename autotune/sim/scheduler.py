@@ -165,14 +165,15 @@ class Scheduler(ABC):
     def commit(self, batch: Batch) -> list[SimRequest]:
         """Apply a finished step; return the requests that sampled a token, in batch order."""
         sampled: list[SimRequest] = []
-        caching = self.pool.caching
+        caching, bs = self.pool.caching, self.bs
         for req, n in batch.items:
             if req.done:
                 continue
-            req.computed += n
-            if caching and req.computed // self.bs > req.registered:
+            computed = req.computed + n
+            req.computed = computed
+            if caching and computed // bs > req.registered:
                 self._register(req)
-            if req.computed == req.num_tokens:
+            if computed == len(req.prompt) + req.generated:
                 req.generated += 1
                 sampled.append(req)
         return sampled
@@ -252,14 +253,16 @@ class Scheduler(ABC):
         tokens = decode_seqs = decode_ctx = prefill_ctx = sampled = 0
         attn = 0.0
         for req, n in items:
+            computed = req.computed
             tokens += n
             if n == 1 and req.generated:
                 decode_seqs += 1
-                decode_ctx += req.computed
-            else:
-                attn += n * (req.computed + n / 2.0)
-                prefill_ctx += req.computed
-            if req.computed + n == req.num_tokens:
+                decode_ctx += computed
+                sampled += 1
+                continue
+            attn += n * (computed + n / 2.0)
+            prefill_ctx += computed
+            if computed + n == len(req.prompt) + req.generated:
                 sampled += 1
         return StepShape(tokens, decode_seqs, decode_ctx, attn, prefill_ctx, sampled, graph)
 
@@ -319,22 +322,29 @@ class VllmScheduler(Scheduler):
 
     def _schedule_running(self, items: list[tuple[SimRequest, int]], budget: int) -> bool:
         """Schedule running requests first; preempt from the back when blocks run out."""
-        running = self.running
+        running, pool, bs, threshold = self.running, self.pool, self.bs, self.threshold
         preempted = False
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = self._cap(req.num_tokens - req.computed, budget)
-            need = self._blocks_for(req, n)
-            while need > self.pool.free_blocks:
-                victim = self._victim(i)
-                running.remove(victim)
-                self._evict_to_waiting(victim)
-                self.stats.preemptions += 1
-                preempted = True
-                if victim is req:
-                    return preempted
-            self._grow(req, need)
+            computed = req.computed
+            n = len(req.prompt) + req.generated - computed
+            if n > budget:
+                n = budget
+            if threshold and n > threshold:
+                n = threshold
+            need = -(-(computed + n) // bs) - len(req.blocks)
+            if need > 0:
+                while need > pool.free_blocks:
+                    victim = self._victim(i)
+                    running.remove(victim)
+                    self._evict_to_waiting(victim)
+                    self.stats.preemptions += 1
+                    preempted = True
+                    if victim is req:
+                        return preempted
+                pool.allocate(need)
+                req.blocks.extend([ANON] * need)
             items.append((req, n))
             budget -= n
             i += 1

@@ -14,7 +14,7 @@ import pytest
 
 from autotune.config import EngineSettings
 from autotune.engines import ADAPTERS, get_adapter
-from autotune.engines.base import STARTUP_FATAL, EventKind, LogEvent, parse_help_flags, split_sample_key
+from autotune.engines.base import STARTUP_FATAL, EventKind, FlagSet, LogEvent, parse_help_flags, split_sample_key
 from autotune.engines.vllm import VllmAdapter
 from autotune.errors import ConfigError, InvalidFlags
 from autotune.outcomes import Outcome
@@ -130,6 +130,19 @@ def test_fixed_flags_are_overridden_by_trial_flags() -> None:
     assert argv[argv.index("--max-num-seqs") + 1] == "64"
     assert argv.count("--max-num-seqs") == 1
     assert argv[argv.index("--block-size") + 1] == "32"
+
+
+def test_false_renders_no_x_or_the_disable_partner_of_newer_versions() -> None:
+    adapter = make_adapter()
+    adapter.discover_flags()
+    assert adapter.render_flags({"--enable-prefix-caching": False}) == ["--no-enable-prefix-caching"]
+    # 0.33+: `--no-enable-x` still works but is hidden; help lists `--disable-x` instead.
+    adapter._flagset = FlagSet(
+        frozenset({"--enable-prefix-caching", "--disable-prefix-caching", "--disable-log-stats"})
+    )
+    assert adapter.render_flags({"--enable-prefix-caching": False}) == ["--disable-prefix-caching"]
+    assert adapter.render_flags({"--enable-prefix-caching": True}) == ["--enable-prefix-caching"]
+    assert adapter.render_flags({"--disable-log-stats": False}) == []  # store_true: False is the default
 
 
 @pytest.mark.parametrize("flag", ["--port", "--host", "--model"])

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.report.html import write_report
+from autotune.report.plots import pareto
 from autotune.report.summary import CDF_POINTS, _empirical, summarize
 from autotune.search.storage import default_storage_url, load_study
 
@@ -158,10 +159,16 @@ def _full_study(results: Path) -> tuple[optuna.Study, dict[str, int]]:
     """Baseline, a search with served/violating/failed trials, probes, and a validated winner."""
     b = _Builder(results, STUDY)
     ids = {"baseline": b.add("baseline", "ok", tps=BASELINE_TPS, ttft=600.0)}
-    b.add("memory_edge", "ok", flags={**FIXED, "--gpu-memory-utilization": 0.90}, tps=1100.0)
-    b.add("memory_edge", "ok", flags={**FIXED, "--gpu-memory-utilization": 0.92}, tps=1150.0)
+    # The memory-edge probes run the workload's peak load (a workload of their own).
+    peak: dict[str, Any] = {"workload_override": {"name": "chat-peak"}}
+    b.add("memory_edge", "ok", flags={**FIXED, "--gpu-memory-utilization": 0.90}, tps=1100.0, **peak)
+    b.add("memory_edge", "ok", flags={**FIXED, "--gpu-memory-utilization": 0.92}, tps=1150.0, **peak)
     ids["oom_runtime"] = b.add(
-        "memory_edge", "oom_runtime", flags={**FIXED, "--gpu-memory-utilization": 0.96}, reason=RUNTIME_OOM_LINE
+        "memory_edge",
+        "oom_runtime",
+        flags={**FIXED, "--gpu-memory-utilization": 0.96},
+        reason=RUNTIME_OOM_LINE,
+        **peak,
     )
     for bs, graph_tps in ((256, 1150.0), (512, 1210.0)):
         b.add("cuda_graph", "ok", flags={**FIXED, "--max-cudagraph-capture-size": bs}, tps=graph_tps)
@@ -236,6 +243,18 @@ def test_latency_cdfs_pool_successful_requests_and_fall_back_to_percentiles(full
     assert min(winner.ttft[0]) == pytest.approx(300.0) and winner.ttft[1][-1] == 1.0
     assert not baseline.per_request
     assert baseline.ttft == ([360.0, 540.0, 600.0, 780.0], [0.5, 0.9, 0.95, 0.99])
+
+
+def test_probes_under_their_own_load_stay_off_the_pareto_plot(full: dict[str, Any]) -> None:
+    report = summarize(load_study(STUDY, default_storage_url(full["results"], STUDY)))
+    figure = pareto(report).figure
+    assert figure is not None
+    names = {trace.name for trace in figure.data}
+    assert "memory_edge" not in names and {"search", "cuda_graph", "Pareto front"} <= names
+    front = next(trace for trace in figure.data if trace.name == "Pareto front")
+    # Each point beats every point with a lower p95 TTFT on throughput (1,150 at 400 ms does not).
+    assert list(front.x) == [300.0, 400.0, 650.0, 680.0, 700.0, 720.0, 1400.0]
+    assert list(front.y) == [900.0, 1210.0, 1300.0, 1450.0, 1500.0, 1550.0, 1700.0]
 
 
 # --------------------------------------------------------------------------------------- the page

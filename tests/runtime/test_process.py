@@ -122,8 +122,10 @@ def test_stop_kills_an_orphaned_grandchild_that_ignores_sigterm(make_engine: Mak
         members = pids_in_group(engine.pgid)
         orphans = [pid for pid in members if pid != engine.pid]
         assert orphans, "the fake should have left a grandchild in the group"
+        assert engine.group_pids() == members
         started = time.monotonic()
     assert _gone(engine)
+    assert engine.stopped_pids == members  # what a caller hands to gpu.wait_pids_released
     assert time.monotonic() - started < 15  # SIGKILL after the 0.5 s grace, not a hang
     for pid in orphans:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]

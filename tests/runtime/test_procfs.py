@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from autotune.runtime.procfs import (
     environ_value,
@@ -20,10 +21,18 @@ def test_own_group_contains_this_process() -> None:
     assert group_exists(os.getpgrp())
 
 
+def wait_exec_done(pid: int) -> None:
+    """Popen can return while the kernel is still filling in the new program's arguments."""
+    deadline = time.monotonic() + 10
+    while not read_cmdline(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_cmdline_and_environ_of_a_child() -> None:
     env = {**os.environ, "AUTOTUNE_PROCFS_TEST": "yes"}
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env, start_new_session=True)
     try:
+        wait_exec_done(child.pid)
         assert "time.sleep(30)" in read_cmdline(child.pid)
         assert environ_value(child.pid, "AUTOTUNE_PROCFS_TEST") == "yes"
         assert environ_value(child.pid, "AUTOTUNE_NOT_SET") is None

@@ -13,7 +13,7 @@ import pytest
 
 from autotune.errors import TeardownError
 from autotune.runtime import reaper
-from autotune.runtime.procfs import ENGINE_MARKER_ENV, pids_in_group
+from autotune.runtime.procfs import ENGINE_MARKER_ENV, pids_in_group, read_cmdline
 from autotune.runtime.reaper import find_leftovers, looks_like_engine, reap_process_groups
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
@@ -40,6 +40,10 @@ def _spawn(groups: list[subprocess.Popen[bytes]], argv: list[str], marked: bool)
         env[ENGINE_MARKER_ENV] = "12345"
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
     groups.append(proc)
+    # Popen can return while the kernel is still filling in the new program's arguments.
+    deadline = time.monotonic() + 10
+    while not read_cmdline(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return proc.pid
 
 
