@@ -4,6 +4,7 @@ bad input, 1 otherwise), with the traceback only under --debug."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shlex
@@ -21,13 +22,22 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune import __version__
-from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, load_yaml, parse_model
+from autotune.config import (
+    EngineSettings,
+    Objective,
+    ObjectiveTerm,
+    SearchSpace,
+    StudySettings,
+    Workload,
+    load_yaml,
+    parse_model,
+)
 from autotune.errors import AutotuneError, ConfigError
 from autotune.report.export import FORMATS, LaunchRecord, render
 from autotune.report.html import write_report
 from autotune.report.live import LiveProgress
 from autotune.report.table import trials_frame
-from autotune.search.storage import best_trial, default_storage_url, load_study, objective_summary
+from autotune.search.storage import best_trial, default_storage_url, load_study, objective_summary, pareto_front
 from autotune.search.tune import TuneJob, run_study
 
 app = typer.Typer(
@@ -184,7 +194,7 @@ def tune(
     results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
     method: Annotated[str, typer.Option(help="staged (the articles' method) | search (plain Optuna).")] = "staged",
     memory_probe: Annotated[str, typer.Option(help="Memory-edge probe: step (0.02 steps) | bisect.")] = "step",
-    sampler: Annotated[str, typer.Option(help="tpe | random.")] = "tpe",
+    sampler: Annotated[str, typer.Option(help="tpe | random | nsga2 (multi-objective evolution).")] = "tpe",
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     startup_timeout: Annotated[float, typer.Option(help="Seconds an engine may take to become ready.")] = 600.0,
     api_key_env: Annotated[str | None, typer.Option(help="Env var holding the engine API key (never stored).")] = None,
@@ -379,6 +389,14 @@ def status(
             detail,
         )
     console.print(table)
+    if len(st.directions) > 1:
+        front = pareto_front(st)
+        console.print(
+            "Pareto front (feasible, non-dominated): "
+            + ", ".join(f"#{t.number} " + "/".join(f"{v:,.1f}" for v in t.values) for t in front)
+            if front
+            else "Pareto front: empty"
+        )
     best = best_trial(st)
     if best is None:
         console.print("best: none yet (no trial served the workload within its SLOs)")
@@ -426,12 +444,20 @@ def export(
     trial: Annotated[int | None, typer.Option(help="Trial number (default: the validated best).")] = None,
     fmt: Annotated[str, typer.Option("--format", help=f"One of: {', '.join(FORMATS)}.")] = "bash",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write.")] = None,
+    pareto: Annotated[
+        bool, typer.Option(help="Write the Pareto front (JSON: each point's trial, values, flags).")
+    ] = False,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
     results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
 ) -> None:
-    """Write the best (or a chosen) trial as a launch script with the trial's exact argv and env."""
+    """Write the best (or a chosen) trial as a launch script with the trial's exact argv and env.
+
+    In a multi-objective study, --pareto writes the whole front; export any point with --trial N."""
     try:
         st = _open_existing(study, storage, results)
+        if pareto:
+            console.print(str(_export_front(st, output or results / study / "pareto.json")))
+            return
         if trial is None:
             chosen = best_trial(st)
             if chosen is None:
@@ -445,6 +471,26 @@ def export(
     except AutotuneError as err:
         raise _fail(err) from None
     console.print(str(path))
+
+
+def _export_front(st: optuna.Study, path: Path) -> Path:
+    metrics = [t.metric for t in _objective_terms(st)]
+    points = [
+        {
+            "trial": t.number,
+            "values": dict(zip(metrics, t.values, strict=False)),
+            "flags": t.user_attrs.get("flags", {}),
+            "export": f"autotune export {st.study_name} --trial {t.number}",
+        }
+        for t in pareto_front(st)
+    ]
+    path.write_text(json.dumps({"study": st.study_name, "objectives": metrics, "front": points}, indent=2) + "\n")
+    return path
+
+
+def _objective_terms(st: optuna.Study) -> list[ObjectiveTerm]:
+    objective = st.user_attrs.get("config", {}).get("workload", {}).get("objective", {})
+    return parse_model(Objective, objective, "study config").terms
 
 
 @app.command()

@@ -27,6 +27,7 @@ __all__ = [
     "FloatParam",
     "IntParam",
     "Objective",
+    "ObjectiveTerm",
     "Param",
     "SearchSpace",
     "StudySettings",
@@ -165,8 +166,8 @@ class Arrival(StrictModel):
     burstiness: float = Field(default=1.0, gt=0, description="Gamma shape; 1.0 is Poisson.")
 
 
-class Objective(StrictModel):
-    metric: str = Field(default="output_throughput")
+class ObjectiveTerm(StrictModel):
+    metric: str = Field(default="output_throughput", description="A metric key (vllm bench serve names).")
     direction: Literal["maximize", "minimize"] = "maximize"
 
     @field_validator("metric")
@@ -175,6 +176,26 @@ class Objective(StrictModel):
         if v not in THROUGHPUT_KEYS and not LATENCY_KEY.match(v):
             raise ValueError(f"unknown metric {v!r}; use one of {', '.join(THROUGHPUT_KEYS)} or e.g. p95_ttft_ms")
         return v
+
+
+class Objective(ObjectiveTerm):
+    """What a trial is scored by. ``also`` adds objectives: the study becomes multi-objective
+    and keeps a Pareto front (e.g. output_throughput up, p95_ttft_ms down)."""
+
+    also: list[ObjectiveTerm] = Field(default_factory=list, description="Further objectives (Pareto front).")
+    throughput_floor: float | None = Field(
+        default=None,
+        gt=0,
+        description="output_throughput must reach this (a constraint), e.g. when minimising latency.",
+    )
+
+    @property
+    def terms(self) -> list[ObjectiveTerm]:
+        return [ObjectiveTerm(metric=self.metric, direction=self.direction), *self.also]
+
+    @property
+    def directions(self) -> list[str]:
+        return [t.direction for t in self.terms]
 
 
 class Workload(StrictModel):
@@ -264,7 +285,7 @@ class StudySettings(StrictModel):
     finalists: int = Field(default=2, ge=0, description="Top trials re-run with fresh engines.")
     validation_runs: int = Field(default=2, ge=0, description="Fresh-engine re-runs per finalist.")
     retries: int = Field(default=1, ge=0, description="Re-runs of a trial that crashed or timed out.")
-    sampler: Literal["tpe", "random"] = "tpe"
+    sampler: Literal["tpe", "random", "nsga2"] = "tpe"
     seed: int | None = None
     baseline: bool = Field(default=True, description="Run the engine's defaults first.")
     method: Literal["staged", "search", "memory"] = Field(
@@ -274,3 +295,22 @@ class StudySettings(StrictModel):
     memory_probe: Literal["step", "bisect"] = Field(
         default="step", description="Memory-edge probe: 0.02 steps up to failure, or bisection (fewer launches)."
     )
+    parallel: int | Literal["auto"] = Field(
+        default=1,
+        description="Trials run at once on this box: a number (≥ 1) or auto (every free GPU group; CPU: cores).",
+    )
+    gpus: list[int] | None = Field(
+        default=None, description="NVML indices of the GPUs trials may use (default: every free GPU)."
+    )
+    heartbeat_s: int = Field(
+        default=30,
+        ge=1,
+        description="Seconds between a worker's heartbeats on a shared storage; 3 missed beats fail its trials.",
+    )
+
+    @field_validator("parallel")
+    @classmethod
+    def _parallel_positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"parallel must be auto or at least 1 (got {v})")
+        return v

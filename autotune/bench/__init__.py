@@ -10,13 +10,7 @@ from __future__ import annotations
 
 from autotune.bench import prometheus
 from autotune.bench.arrivals import arrival_offsets
-from autotune.bench.loadgen import (
-    BenchProgress,
-    BenchResult,
-    ClientCheck,
-    run_workload,
-    run_workload_sync,
-)
+from autotune.bench.loadgen import run_workload, run_workload_sync
 from autotune.bench.metrics import (
     DEFAULT_PERCENTILES,
     RequestRecord,
@@ -25,6 +19,8 @@ from autotune.bench.metrics import (
     slo_violations,
 )
 from autotune.bench.prompts import Prompt, PromptSet, ServerTokenizer, build_prompts
+from autotune.bench.result import BenchProgress, BenchResult
+from autotune.bench.selfcheck import ClientCheck
 from autotune.bench.transport import ClientLanes, make_client
 
 __all__ = [

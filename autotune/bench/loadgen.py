@@ -4,7 +4,8 @@ A run mirrors ``vllm bench serve``: warm-up requests first (excluded), then one 
 released on the precomputed arrival schedule and gated by a semaphore when the workload caps
 concurrency; the duration runs from just before the first dispatch to after the last request.
 Metric definitions live in :mod:`autotune.bench.metrics`, per-request timing in
-:mod:`autotune.bench.stream`, prompt construction in :mod:`autotune.bench.prompts`.
+:mod:`autotune.bench.stream`, prompt construction in :mod:`autotune.bench.prompts`, the client
+self-check in :mod:`autotune.bench.selfcheck` and the result types in :mod:`autotune.bench.result`.
 
 The client must not be the bottleneck, so it keeps connections alive without a cap (httpx's
 default of 100 silently caps concurrency) through :class:`~autotune.bench.transport.ClientLanes`,
@@ -23,27 +24,21 @@ import json
 import math
 import resource
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
 
 import httpx
 import numpy as np
 
 from autotune.bench.arrivals import arrival_offsets
-from autotune.bench.metrics import (
-    DEFAULT_PERCENTILES,
-    RequestRecord,
-    compute_metrics,
-    latency_stats,
-    request_slos,
-)
+from autotune.bench.metrics import RequestRecord, compute_metrics, request_slos, workload_percentiles
 from autotune.bench.prompts import Prompt, PromptFormat, PromptSet, ServerTokenizer, build_prompts
+from autotune.bench.result import BenchProgress, BenchResult
+from autotune.bench.selfcheck import ClientCheck, assess_client, probe_loop
 from autotune.bench.stream import LiveCounters, stream_request
 from autotune.bench.transport import ClientLanes, make_client, request_timeout
-from autotune.config import LATENCY_KEY, Workload
+from autotune.config import Workload
 from autotune.errors import BenchmarkError
 
 __all__ = [
@@ -54,214 +49,10 @@ __all__ = [
     "run_workload_sync",
 ]
 
-SCHEMA_VERSION = 1
-# Self-check thresholds. A lag of a few ms shifts every timestamp the client takes by that much,
-# which is already a large error on a GPU's 10-30 ms decode step (bench-clients.md §6).
-SCHEDULE_LAG_P99_LIMIT_S = 0.005
-LOOP_LAG_P99_LIMIT_S = 0.005
-CPU_SHARE_LIMIT = 0.90  # of one core: the event loop is single-threaded
-STARVED_CPU_SHARE = 0.5
-LOOP_PROBE_INTERVAL_S = 0.01
 PROGRESS_INTERVAL_S = 0.25
 DEADLINE_GRACE_S = 30.0
 WARMUP_STREAM = 1  # prompt stream of the warm-up requests: same shapes, different content
 ARRIVAL_STREAM = 2  # random stream of the arrival schedule, independent of the prompts
-
-
-@dataclass(frozen=True, slots=True)
-class BenchProgress:
-    """A progress snapshot passed to ``on_progress`` (at most every 0.25 s, and at each phase end).
-
-    Attributes:
-        phase: ``warmup`` or ``measure``.
-        completed: Requests finished (successful or not) in this phase.
-        failed: Of those, how many failed.
-        total: Requests in this phase.
-        elapsed_s: Seconds since the phase started.
-        output_throughput: Token chunks received per second so far (≈ tokens/s; exact token
-            counts arrive only with each request's final usage chunk).
-    """
-
-    phase: str
-    completed: int
-    failed: int
-    total: int
-    elapsed_s: float
-    output_throughput: float
-
-
-@dataclass(frozen=True, slots=True)
-class ClientCheck:
-    """Whether the client, not the server, may have limited the run.
-
-    Attributes:
-        cpu_share: Event-loop thread CPU time over wall time during the measured run.
-        p99_schedule_lag_ms: p99 of how late requests left against their planned time
-            (meaningful for a finite request rate).
-        p99_loop_lag_ms: p99 of the event loop's wake-up delay on a 10 ms timer.
-        max_loop_lag_ms: Largest such delay.
-        limited: Any threshold crossed.
-        reason: One line naming each crossed threshold ("" when not limited).
-    """
-
-    cpu_share: float
-    p99_schedule_lag_ms: float
-    p99_loop_lag_ms: float
-    max_loop_lag_ms: float
-    limited: bool
-    reason: str
-
-
-@dataclass
-class BenchResult:
-    """The outcome of one run.
-
-    Attributes:
-        metrics: ``compute_metrics`` output (vLLM key names).
-        records: One record per measured request, in dispatch order.
-        duration_s: Dispatch + gather wall time.
-        model: Served model id used in the requests.
-        workload: The workload that was run.
-        prompt_format: ``ids`` or ``text``.
-        client: The client self-check.
-        clamped_requests: Successful requests whose ``usage.completion_tokens`` differs from
-            ``max_tokens`` (vLLM clamps silently when prompt + max_tokens exceeds the context).
-        prompt_len_mismatches: Successful completions whose ``usage.prompt_tokens`` differs from
-            the planned length.
-        prompts_off_target: Text prompts that did not re-tokenize to their planned length.
-        deadline_hit: The whole-run deadline cut the run short.
-        warmup_failed: Warm-up requests that failed.
-        max_model_len: The server's context length, when its ``/tokenize`` reported it.
-        date: Local start time, ``YYYYmmdd-HHMMSS`` as vLLM writes it.
-    """
-
-    metrics: dict[str, float | int]
-    records: list[RequestRecord]
-    duration_s: float
-    model: str
-    workload: Workload
-    prompt_format: PromptFormat
-    client: ClientCheck
-    clamped_requests: int = 0
-    prompt_len_mismatches: int = 0
-    prompts_off_target: int = 0
-    deadline_hit: bool = False
-    warmup_failed: int = 0
-    max_model_len: int | None = None
-    date: str = field(default_factory=lambda: datetime.now().strftime("%Y%m%d-%H%M%S"))
-
-    @property
-    def client_limited(self) -> bool:
-        """Whether the client may have limited the run (see :class:`ClientCheck`)."""
-        return self.client.limited
-
-    @property
-    def client_limited_reason(self) -> str:
-        return self.client.reason
-
-    def to_json(self, *, detailed: bool = False) -> dict[str, Any]:
-        """A JSON-ready dict: ``vllm bench serve``'s result keys at the top level, then ours.
-
-        NaN statistics (no successful request) are written as ``null``.
-
-        Args:
-            detailed: Add vLLM's per-request arrays (``input_lens``, ``ttfts``, ``itls``, ...).
-        """
-        w = self.workload
-        out: dict[str, Any] = {
-            "date": self.date,
-            "endpoint_type": _backend(w),
-            "backend": _backend(w),
-            "label": w.name,
-            "model_id": self.model,
-            "tokenizer_id": self.model,  # the server's own tokenizer built the prompts
-            "num_prompts": w.num_prompts,
-            "request_rate": "inf" if math.isinf(w.arrival.request_rate) else w.arrival.request_rate,
-            "burstiness": w.arrival.burstiness,
-            "max_concurrency": w.arrival.concurrency,
-            "request_goodput": None,  # vLLM writes null without --goodput; metrics overwrite it
-            **self.metrics,
-            **self._queue_stats(),
-            **self._extras(),
-        }
-        if detailed:
-            out.update(self._per_request())
-        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
-
-    def _queue_stats(self) -> dict[str, float]:
-        """vLLM's client-queue statistics, reported (as in vLLM) only with a concurrency cap."""
-        w = self.workload
-        if w.arrival.concurrency is None:
-            return {}
-        ok = [r for r in self.records if r.success]
-        ps = _percentiles(w)
-        stats = latency_stats("client_queue_time", [r.client_queue_time for r in ok], ps)
-        if not math.isinf(w.arrival.request_rate):
-            incl = [r.latency + r.client_queue_time for r in ok]
-            stats.update(latency_stats("e2el_including_client_queue", incl, ps))
-        return stats
-
-    def _extras(self) -> dict[str, Any]:
-        w, c = self.workload, self.client
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "seed": w.seed,
-            "input_len": w.dataset.input_len,
-            "output_len": w.dataset.output_len,
-            "range_ratio": w.dataset.range_ratio,
-            "prefix_len": w.dataset.prefix_len,
-            "prompt_format": self.prompt_format,
-            "warmup_requests": w.warmup_requests,
-            "warmup_failed": self.warmup_failed,
-            "clamped_requests": self.clamped_requests,
-            "prompt_len_mismatches": self.prompt_len_mismatches,
-            "prompts_off_target": self.prompts_off_target,
-            "deadline_hit": self.deadline_hit,
-            "max_model_len": self.max_model_len,
-            "client_limited": c.limited,
-            "client_limited_reason": c.reason,
-            "client_cpu_share": c.cpu_share,
-            "p99_schedule_lag_ms": c.p99_schedule_lag_ms,
-            "p99_loop_lag_ms": c.p99_loop_lag_ms,
-            "max_loop_lag_ms": c.max_loop_lag_ms,
-            "error_samples": _error_samples(self.records),
-        }
-
-    def _per_request(self) -> dict[str, list[Any]]:
-        rs = self.records
-        return {
-            "input_lens": [r.prompt_len for r in rs],
-            "output_lens": [r.output_len if r.success else 0 for r in rs],
-            "ttfts": [r.ttft for r in rs],
-            "itls": [r.itl for r in rs],
-            "latencies": [r.latency for r in rs],
-            "start_times": [r.start_time for r in rs],
-            "queue_times": [r.client_queue_time for r in rs],
-            "schedule_lags": [r.schedule_lag for r in rs],
-            "errors": [r.error for r in rs],
-        }
-
-
-def _backend(w: Workload) -> str:
-    return "openai" if w.endpoint == "completions" else "openai-chat"
-
-
-def _error_samples(records: Sequence[RequestRecord], limit: int = 5) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for r in records:
-        if r.error:
-            counts[r.error] = counts.get(r.error, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:limit])
-
-
-def _percentiles(w: Workload) -> list[float]:
-    """The default percentiles plus every percentile an SLO names (so it can be checked)."""
-    ps = set(DEFAULT_PERCENTILES)
-    for key in w.slos:
-        match = LATENCY_KEY.match(key)
-        if match and match.group(1).startswith("p"):
-            ps.add(float(match.group(1)[1:]))
-    return sorted(ps)
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -342,68 +133,8 @@ def _requests(
     ]
 
 
-def _p99_ms(values: Sequence[float]) -> float:
-    return float(np.percentile(values, 99)) * 1000.0 if len(values) else 0.0
-
-
-def assess_client(
-    cpu_share: float, schedule_lags: Sequence[float], loop_lags: Sequence[float], finite_rate: bool
-) -> ClientCheck:
-    """Judge whether the client limited the run.
-
-    Args:
-        cpu_share: Loop-thread CPU seconds over wall seconds.
-        schedule_lags: Per-request send delay against the arrival schedule (seconds).
-        loop_lags: Event-loop wake-up delays (seconds).
-        finite_rate: Whether the workload has a request rate; with ``inf`` every request is due
-            at t = 0, so its "lag" is just the time to create the tasks.
-
-    Returns:
-        The check with a one-line reason naming every crossed threshold.
-    """
-    sched = _p99_ms(schedule_lags)
-    loop = _p99_ms(loop_lags)
-    reasons = []
-    if cpu_share >= CPU_SHARE_LIMIT:
-        reasons.append(f"client event loop busy {cpu_share:.0%} of the run")
-    if finite_rate and sched > SCHEDULE_LAG_P99_LIMIT_S * 1000:
-        reasons.append(f"p99 send lag {sched:.1f} ms behind the arrival schedule")
-    if loop > LOOP_LAG_P99_LIMIT_S * 1000:
-        reasons.append(f"p99 event-loop lag {loop:.1f} ms (timestamps are late by that much)")
-        if cpu_share < STARVED_CPU_SHARE:
-            # A lagging loop that was mostly off the CPU was waiting to be scheduled, not working.
-            reasons.append(f"the client ran only {cpu_share:.0%} of the time: other processes took its CPU")
-    max_loop = max(loop_lags, default=0.0) * 1000.0
-    return ClientCheck(cpu_share, sched, loop, max_loop, bool(reasons), "; ".join(reasons))
-
-
-class _LoopLagProbe:
-    """Measures how late the event loop wakes a 10 ms timer: the error on every timestamp."""
-
-    def __init__(self) -> None:
-        self.lags: list[float] = []
-
-    async def run(self) -> None:
-        while True:
-            t = perf_counter()
-            await asyncio.sleep(LOOP_PROBE_INTERVAL_S)
-            self.lags.append(max(0.0, perf_counter() - t - LOOP_PROBE_INTERVAL_S))
-
-
-@contextlib.asynccontextmanager
-async def _probe_loop() -> AsyncIterator[_LoopLagProbe]:
-    probe = _LoopLagProbe()
-    task = asyncio.create_task(probe.run())
-    try:
-        yield probe
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 @contextlib.contextmanager
-def _frozen_gc() -> Any:
+def _frozen_gc() -> Iterator[None]:
     """vLLM freezes the GC heap before the run so collections do not stall the event loop."""
     gc.collect()
     gc.freeze()
@@ -540,7 +271,7 @@ class _Runner:
         tasks: list[asyncio.Task[None]] = []
         hit = False
         with _frozen_gc():
-            async with _probe_loop() as probe:
+            async with probe_loop() as probe:
                 cpu0, start = time.thread_time(), perf_counter()
                 try:
                     async with asyncio.timeout(deadline):
@@ -626,8 +357,9 @@ async def run_workload(
     base = _normalize_base(base_url)
     headers = _headers(api_key)
     _raise_open_files_limit()
-    http = client or make_client(workload.request_timeout_s)
-    lanes = ClientLanes(workload.request_timeout_s, shared=client)
+    tls = base.startswith("https://")
+    http = client or make_client(workload.request_timeout_s, verify=tls)
+    lanes = ClientLanes(workload.request_timeout_s, shared=client, tls=tls)
     url = base + _route(workload)
     try:
         served = model or await _served_model(http, base, headers)
@@ -651,7 +383,9 @@ async def run_workload(
 
 def _result(w: Workload, model: str, fmt: PromptFormat, ps: PromptSet, m: _Measured, warm_failed: int) -> BenchResult:
     slos = request_slos(w.slos)
-    metrics = compute_metrics(m.records, m.duration_s, percentiles=_percentiles(w), goodput_slos=slos or None)
+    metrics = compute_metrics(
+        m.records, m.duration_s, percentiles=workload_percentiles(w.slos), goodput_slos=slos or None
+    )
     # Chat prompts carry the template's tokens on top of the planned content: no exact target.
     mismatches = _count_prompt_mismatches(m.records) if w.endpoint == "completions" else 0
     return BenchResult(

@@ -35,6 +35,7 @@ __all__ = [
     "percentile_key",
     "request_slos",
     "slo_violations",
+    "workload_percentiles",
 ]
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
@@ -237,6 +238,19 @@ def compute_metrics(
     ):
         metrics.update(latency_stats(name, values, ps))
     return metrics
+
+
+def workload_percentiles(slos: Mapping[str, float]) -> list[float]:
+    """The default percentiles plus every percentile an SLO names, so each SLO can be checked.
+
+    ``{"p97_ttft_ms": 800}`` gives ``[50, 90, 95, 97, 99]``.
+    """
+    ps = set(DEFAULT_PERCENTILES)
+    for key in slos:
+        match = LATENCY_KEY.match(key)
+        if match is not None and match.group(1).startswith("p"):
+            ps.add(float(match.group(1)[1:]))
+    return sorted(ps)
 
 
 def request_slos(slos: Mapping[str, float]) -> dict[str, float]:

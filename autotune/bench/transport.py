@@ -12,7 +12,8 @@ So the load generator uses *lanes*: a free list of clients, each carrying at mos
 a time (hence one keep-alive connection). A request takes the most recently freed lane (its
 connection is the warmest), and a new lane is opened only when every lane is busy, so the number
 of connections follows the real concurrency with no cap, exactly like a shared pool, while each
-pool lookup stays O(1). The lanes share one SSL context, so opening one costs no certificate load.
+pool lookup stays O(1). The lanes share one SSL context, so opening one costs no certificate load,
+and a plain-HTTP target gets a context without certificates at all.
 """
 
 from __future__ import annotations
@@ -50,11 +51,15 @@ class ClientLanes:
         request_timeout_s: Per-operation timeout of the clients it opens.
         shared: Use this one client for every request instead (tests pass a client with an
             ``httpx.MockTransport``); it is not closed here.
+        tls: Whether the target is ``https``; plain HTTP skips loading CA certificates.
     """
 
-    def __init__(self, request_timeout_s: float = 300.0, shared: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, request_timeout_s: float = 300.0, shared: httpx.AsyncClient | None = None, tls: bool = True
+    ) -> None:
         self._timeout_s = request_timeout_s
         self._shared = shared
+        self._tls = tls
         self._free: list[httpx.AsyncClient] = []
         self._all: list[httpx.AsyncClient] = []
         self._ssl: ssl.SSLContext | None = None
@@ -71,7 +76,7 @@ class ClientLanes:
         if self._free:
             return self._free.pop()
         if self._ssl is None:
-            self._ssl = httpx.create_ssl_context()
+            self._ssl = httpx.create_ssl_context(verify=self._tls)
         client = make_client(self._timeout_s, verify=self._ssl)
         self._all.append(client)
         return client

@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.report.table import trials_frame
 from autotune.search.objective import is_feasible
-from autotune.search.storage import best_trial
+from autotune.search.storage import best_trial, primary_value
 
 __all__ = [
     "GAIN_METRICS",
@@ -169,7 +169,7 @@ class StudyReport:
         if self.winner is None:
             return None
         gain = self.objective_gain
-        value = self.winner.user_attrs.get("validated_median", gain.winner if gain else self.winner.value)
+        value = self.winner.user_attrs.get("validated_median", gain.winner if gain else primary_value(self.winner))
         return None if value is None else float(value)
 
     @property
@@ -429,7 +429,7 @@ def summarize(study: optuna.Study) -> StudyReport:
     config = dict(study.user_attrs.get("config") or {})
     engine_cfg, workload_cfg = config.get("engine") or {}, config.get("workload") or {}
     objective_cfg = workload_cfg.get("objective") or {}
-    direction = study.direction.name.lower()
+    direction = study.directions[0].name.lower()
     best = best_trial(study)
     baseline = _pick_baseline(trials)
     winner, winner_runs = _winner_group(trials, best) if best is not None else (None, [])

@@ -31,7 +31,7 @@ def _row(t: optuna.trial.FrozenTrial, checked: dict[str, Any]) -> dict[str, Any]
         "trial": t.number,
         "stage": ua.get("stage", ""),
         "outcome": ua.get("outcome", t.state.name.lower()),
-        "value": t.value,
+        "value": t.values[0] if t.values else None,
         "validated_median": checked.get("median"),
         "validated_spread": checked.get("spread"),
         "validates": ua.get("validates"),

@@ -9,23 +9,31 @@ listing is empty and the waits return at once. Device indices are NVML's, which 
 order; engines see the same numbering when ``CUDA_DEVICE_ORDER=PCI_BUS_ID``. In a container
 with its own PID namespace NVML may report host PIDs; then compare memory with
 :func:`wait_memory_at_most` instead of by PID.
+
+``AUTOTUNE_FAKE_GPUS`` (e.g. ``8xH100-80GB``) replaces NVML with pretend devices
+(:mod:`autotune.runtime.fakegpu`), so GPU placement is exercised on machines without a GPU.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from autotune.errors import TeardownError
 
 __all__ = [
+    "FAKE_GPUS_ENV",
     "GpuBackend",
     "GpuInfo",
+    "GpuTopology",
     "NvmlBackend",
     "default_backend",
+    "idle_limit",
+    "nvlink_islands",
     "list_gpus",
     "memory_used_by_pid",
     "wait_memory_at_most",
@@ -35,6 +43,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _MIB = 1024**2
+_GIB = 1024**3
+
+#: Environment variable that swaps NVML for pretend GPUs (see :mod:`autotune.runtime.fakegpu`).
+FAKE_GPUS_ENV = "AUTOTUNE_FAKE_GPUS"
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,13 @@ class GpuBackend(Protocol):
     def process_memory(self, index: int) -> dict[int, int]:
         """PID → bytes that process holds on device ``index`` (0 when the driver does not say)."""
         ...
+
+
+@runtime_checkable
+class GpuTopology(Protocol):
+    """A backend that knows which devices are joined by NVLink (optional for a backend)."""
+
+    def nvlinked(self, a: int, b: int) -> bool: ...
 
 
 class NvmlBackend:
@@ -111,6 +130,18 @@ class NvmlBackend:
                 usage[int(proc.pid)] = usage.get(int(proc.pid), 0) + int(proc.usedGpuMemory or 0)
         return usage
 
+    def nvlinked(self, a: int, b: int) -> bool:
+        """Whether devices ``a`` and ``b`` talk peer to peer over NVLink (False when NVML cannot say)."""
+        nvml = self._nvml
+        try:
+            status = nvml.nvmlDeviceGetP2PStatus(
+                nvml.nvmlDeviceGetHandleByIndex(a), nvml.nvmlDeviceGetHandleByIndex(b), nvml.NVML_P2P_CAPS_INDEX_NVLINK
+            )
+        except (nvml.NVMLError, AttributeError) as err:  # old drivers or bindings lack the query
+            log.debug("NVLink query failed for GPUs %d,%d: %s", a, b, err)
+            return False
+        return bool(status == nvml.NVML_P2P_STATUS_OK)
+
 
 def _text(value: str | bytes) -> str:
     # Older pynvml releases return bytes.
@@ -120,8 +151,23 @@ def _text(value: str | bytes) -> str:
 _DEFAULT: list[GpuBackend | None] = []  # filled once: NVML init is slow and process-wide
 
 
+_FAKES: dict[str, GpuBackend] = {}  # one per spec, so pretend devices keep their state
+
+
 def default_backend() -> GpuBackend | None:
-    """The process-wide NVML backend, or None on a machine without NVML."""
+    """The process-wide GPU backend: pretend GPUs when ``AUTOTUNE_FAKE_GPUS`` is set, else NVML
+    (None on a machine without NVML).
+
+    Raises:
+        ConfigError: When ``AUTOTUNE_FAKE_GPUS`` cannot be parsed.
+    """
+    spec = os.environ.get(FAKE_GPUS_ENV)
+    if spec:
+        if spec not in _FAKES:
+            from autotune.runtime.fakegpu import FakeBackend  # only tests and demos pay for it
+
+            _FAKES[spec] = FakeBackend.from_spec(spec)
+        return _FAKES[spec]
     if not _DEFAULT:
         _DEFAULT.append(NvmlBackend.load())
     return _DEFAULT[0]
@@ -137,6 +183,34 @@ def list_gpus(backend: GpuBackend | None = None) -> list[GpuInfo]:
     if nvml is None:
         return []
     return [nvml.info(i) for i in range(nvml.device_count())]
+
+
+def idle_limit(info: GpuInfo) -> int:
+    """Memory an idle device may show as used: the driver and ECC reserve some (≈0.5 GiB on an
+    H100) before any process runs. Above this a device counts as taken."""
+    return max(_GIB, info.memory_total // 50)
+
+
+def nvlink_islands(indices: Iterable[int], backend: GpuBackend | None = None) -> list[tuple[int, ...]]:
+    """Split ``indices`` into groups joined by NVLink (connected components), sorted.
+
+    A backend that cannot tell topology puts every device in its own island.
+    """
+    nvml = _resolve(backend)
+    remaining = sorted(set(indices))
+    linked = nvml.nvlinked if isinstance(nvml, GpuTopology) else (lambda a, b: False)
+    islands: list[tuple[int, ...]] = []
+    while remaining:
+        island, frontier = {remaining[0]}, [remaining[0]]
+        while frontier:
+            current = frontier.pop()
+            for other in remaining:
+                if other not in island and linked(current, other):
+                    island.add(other)
+                    frontier.append(other)
+        islands.append(tuple(sorted(island)))
+        remaining = [i for i in remaining if i not in island]
+    return islands
 
 
 def memory_used_by_pid(backend: GpuBackend | None = None) -> dict[int, int]:

@@ -26,9 +26,13 @@ _WORST = {"maximize": 0.0, "minimize": 1e12}
 
 @dataclass(frozen=True)
 class Score:
-    value: float
-    constraints: dict[str, float]  # one per SLO + error rate; ≤ 0 feasible
+    values: list[float]  # one per objective term; the first is the primary objective
+    constraints: dict[str, float]  # one per SLO + error rate (+ throughput floor); ≤ 0 feasible
     violations: dict[str, float]  # metric → amount over its bound (only the violated ones)
+
+    @property
+    def value(self) -> float:
+        return self.values[0]
 
 
 def _slo_terms(metrics: Mapping[str, float], workload: Workload) -> dict[str, float]:
@@ -36,21 +40,40 @@ def _slo_terms(metrics: Mapping[str, float], workload: Workload) -> dict[str, fl
     terms: dict[str, float] = {}
     for key, bound in sorted(workload.slos.items()):
         measured = metrics.get(key)
-        terms[key] = FAILED_VIOLATION if measured is None else (measured - bound) / bound
+        # Missing or NaN (no successful request to measure) is a violation, never a pass.
+        if measured is None or measured != measured:
+            terms[key] = FAILED_VIOLATION
+        else:
+            terms[key] = (float(measured) - bound) / bound
     error_rate = float(metrics.get("error_rate", 0.0))
     terms["error_rate"] = error_rate - workload.max_error_rate
+    floor = workload.objective.throughput_floor
+    if floor is not None:
+        terms["throughput_floor"] = (floor - float(metrics.get("output_throughput") or 0.0)) / floor
     return terms
+
+
+def _constraint_names(workload: Workload) -> list[str]:
+    names = [*sorted(workload.slos), "error_rate"]
+    return names + (["throughput_floor"] if workload.objective.throughput_floor is not None else [])
+
+
+def _measured(metrics: Mapping[str, float], key: str, direction: str) -> float:
+    value = metrics.get(key)
+    if value is None or value != value:  # missing or NaN (e.g. no request succeeded)
+        return _WORST[direction]
+    return float(value)
 
 
 def score(outcome: Outcome, metrics: Mapping[str, float], workload: Workload) -> Score:
     """Value and constraints for a finished trial (served or flag-caused failure)."""
     objective = workload.objective
     if not outcome.served:
-        names = [*sorted(workload.slos), "error_rate"]
-        return Score(_WORST[objective.direction], dict.fromkeys(names, FAILED_VIOLATION), {"outcome": FAILED_VIOLATION})
+        worst = [_WORST[t.direction] for t in objective.terms]
+        return Score(worst, dict.fromkeys(_constraint_names(workload), FAILED_VIOLATION), {"outcome": FAILED_VIOLATION})
     terms = _slo_terms(metrics, workload)
-    value = float(metrics.get(objective.metric, _WORST[objective.direction]))
-    return Score(value, terms, {k: v for k, v in terms.items() if v > 0})
+    values = [_measured(metrics, t.metric, t.direction) for t in objective.terms]
+    return Score(values, terms, {k: v for k, v in terms.items() if v > 0})
 
 
 def is_feasible(outcome: str | None, constraints: dict[str, float] | list[float] | None) -> bool:

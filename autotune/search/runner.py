@@ -7,11 +7,16 @@ repeat), a sub-space to sample, and a workload override (the memory probe's peak
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import socket
 import statistics
+import threading
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import optuna
@@ -23,10 +28,14 @@ from autotune.engines.base import EngineAdapter
 from autotune.search.objective import is_feasible
 from autotune.search.progress import Progress
 from autotune.search.space import distribution, suggest, suggest_param
-from autotune.search.storage import best_trial, feasible_trials, superseded, validation
+from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded, validation
 from autotune.search.trial import TrialResult, TrialSpec, run_trial
 
-__all__ = ["StudyRun", "redact_env"]
+__all__ = ["Placement", "StudyRun", "redact_env", "worker_id"]
+
+#: Where a trial runs: given its engine flags, a context that holds the resources (a GPU group)
+#: for the trial and yields the environment that confines the engine to them.
+Placement = Callable[[dict[str, Any]], AbstractContextManager[Mapping[str, str]]]
 
 STAGE_BASELINE, STAGE_SEARCH, STAGE_VALIDATION = "baseline", "search", "validation"
 # Environment names that hold secrets: recorded as a reference to the variable, never by value.
@@ -37,6 +46,16 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (f"${{{k}}}" if _SECRET.search(k) else v) for k, v in env.items()}
 
 
+def worker_id() -> str:
+    """This tuner process among all that share a study: host, PID, and a nonce (PIDs repeat
+    across restarts and containers)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def _anywhere(flags: dict[str, Any]) -> AbstractContextManager[Mapping[str, str]]:
+    return contextlib.nullcontext({})
+
+
 def _fits(dist: BaseDistribution, value: Any) -> bool:
     try:
         return bool(dist._contains(dist.to_internal_repr(value)))
@@ -45,11 +64,22 @@ def _fits(dist: BaseDistribution, value: Any) -> bool:
 
 
 class StudyRun:
-    """Trial plumbing shared by every stage. ``job`` is a :class:`autotune.search.tune.TuneJob`."""
+    """Trial plumbing shared by every stage. ``job`` is a :class:`autotune.search.tune.TuneJob`.
+
+    :meth:`run` may be called from several threads at once (``autotune.search.parallel``): the
+    ask-and-sample step is serialised, ``placement`` gives each trial its own resources, and
+    ``claim_retry`` decides which worker re-runs a failed trial.
+    """
 
     def __init__(self, job: Any, adapter: EngineAdapter, study: optuna.Study, progress: Progress):
         self.job, self.adapter, self.study, self.progress = job, adapter, study, progress
         self.deadline = time.monotonic() + job.study.time_budget_s if job.study.time_budget_s else None
+        self.worker = worker_id()
+        self.placement: Placement = _anywhere
+        self.claim_retry: Callable[[FrozenTrial], bool] = lambda trial: True
+        # An enqueued trial is popped by whichever ask() comes next, and the sampler sees a
+        # running trial only once its params are suggested: ask and sample one trial at a time.
+        self._ask_lock = threading.Lock()
 
     # -- bookkeeping
     def trials(self, stage: str | None = None) -> list[FrozenTrial]:
@@ -88,12 +118,13 @@ class StudyRun:
         space = self.job.space.params
         recorded = {k: v for k, v in explicit.items() if k in space and _fits(distribution(space[k]), v)}
         hinted = {k: v for k, v in (hint or {}).items() if sample and k in sample.params}
-        if recorded or hinted:
-            self.study.enqueue_trial({**hinted, **recorded}, skip_if_exists=False)
-        trial = self.study.ask()
-        for name in recorded:
-            suggest_param(trial, name, self.job.space.params[name])  # the enqueued value, now recorded
-        params = {**explicit, **(suggest(trial, sample) if sample else {})}
+        with self._ask_lock:
+            if recorded or hinted:
+                self.study.enqueue_trial({**hinted, **recorded}, skip_if_exists=False)
+            trial = self.study.ask()
+            for name in recorded:
+                suggest_param(trial, name, self.job.space.params[name])  # the enqueued value, now recorded
+            params = {**explicit, **(suggest(trial, sample) if sample else {})}
         extra = dict(extra or {})
         if workload is not None:
             extra["workload_override"] = workload.model_dump()
@@ -109,22 +140,27 @@ class StudyRun:
             "params": params,
             "flags": flags,
             "host": socket.gethostname(),
+            "worker": self.worker,
             "trial_dir": str(trial_dir.resolve()),
             **extra,
         }
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         self.progress.trial_started(trial.number, stage, params)
-        spec = TrialSpec(
-            trial.number,
-            stage,
-            flags,
-            trial_dir,
-            repeats=self.job.study.repeats,
-            on_launch=lambda pgid: trial.set_user_attr("engine_pgid", pgid),
-        )
         try:
-            result = run_trial(spec, self.adapter, workload, self.progress)
+            with self.placement(flags) as env:
+                if env:
+                    trial.set_user_attr("placement", dict(env))
+                spec = TrialSpec(
+                    trial.number,
+                    stage,
+                    flags,
+                    trial_dir,
+                    repeats=self.job.study.repeats,
+                    on_launch=lambda pgid: trial.set_user_attr("engine_pgid", pgid),
+                    env=env,
+                )
+                result = run_trial(spec, self.adapter, workload, self.progress)
         except BaseException:
             # Ctrl-C or a bug: the engine is already torn down; record the trial as failed so the
             # study stays consistent and a resume re-runs it.
@@ -158,11 +194,11 @@ class StudyRun:
         if result.outcome.retryable:
             self.study.tell(trial, state=TrialState.FAIL)
         else:
-            self.study.tell(trial, result.score.value)
+            self.study.tell(trial, result.score.values)
 
     def best_summary(self) -> dict[str, Any] | None:
         best = best_trial(self.study)
-        return None if best is None else {"number": best.number, "value": best.value}
+        return None if best is None else {"number": best.number, "value": primary_value(best)}
 
     # -- shared stages
     def retry_failed(self) -> None:
@@ -171,7 +207,7 @@ class StudyRun:
             if t.state != TrialState.FAIL or t.number in superseded(self.trials()) or "params" not in t.user_attrs:
                 continue
             attempts = int(t.user_attrs.get("attempt", 0))
-            if attempts >= self.job.study.retries or self.out_of_time():
+            if attempts >= self.job.study.retries or self.out_of_time() or not self.claim_retry(t):
                 continue
             self.progress.message(f"retrying trial {t.number} ({t.user_attrs.get('outcome', 'failed')})")
             keep = ("validates", "probe", "workload_override")
@@ -211,14 +247,14 @@ class StudyRun:
 
     def _finalists(self, n: int) -> list[FrozenTrial]:
         candidates = feasible_trials(self.study)
-        maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
-        return sorted(candidates, key=lambda t: t.value or 0.0, reverse=maximize)[:n]
+        maximize = self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+        return sorted(candidates, key=lambda t: primary_value(t) or 0.0, reverse=maximize)[:n]
 
     def _store_validation(self, finalist: FrozenTrial) -> None:
         runs = [t for t in self.finished(STAGE_VALIDATION) if t.user_attrs.get("validates") == finalist.number]
         ok = [is_feasible(t.user_attrs.get("outcome"), t.user_attrs.get("constraints")) for t in runs]
-        values = [float(finalist.value or 0.0)]
-        values += [float(t.value or 0.0) if good else 0.0 for t, good in zip(runs, ok, strict=True)]
+        values = [float(primary_value(finalist) or 0.0)]
+        values += [float(primary_value(t) or 0.0) if good else 0.0 for t, good in zip(runs, ok, strict=True)]
         median = statistics.median(values)
         record = {
             "values": values,

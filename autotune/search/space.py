@@ -36,7 +36,10 @@ def distribution(param: Param) -> BaseDistribution:
 def suggest_param(trial: optuna.Trial, name: str, param: Param) -> Any:
     """Sample one parameter (or read its enqueued value) and record its distribution."""
     if isinstance(param, FloatParam):
-        return trial.suggest_float(name, param.low, param.high, step=param.step, log=param.log)
+        value = trial.suggest_float(name, param.low, param.high, step=param.step, log=param.log)
+        # A stepped float comes back as low + k·step with binary noise (0.8400000000000001): the
+        # engine and the launch script should see 0.84.
+        return round(value, 10) if param.step else value
     if isinstance(param, IntParam):
         return trial.suggest_int(name, param.low, param.high, step=param.step, log=param.log)
     if isinstance(param, CategoricalParam):

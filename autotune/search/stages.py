@@ -25,8 +25,9 @@ from typing import Any
 from autotune.config import CategoricalParam, FloatParam, IntParam, SearchSpace, Workload
 from autotune.outcomes import Outcome
 from autotune.search.runner import StudyRun
+from autotune.search.storage import primary_value
 
-__all__ = ["MemoryProbe", "plan_budget", "run_staged"]
+__all__ = ["MemoryProbe", "plan_budget", "run_staged", "sequential_stages"]
 
 STEP = 0.02
 MEMORY, GRAPH, CONTEXT = "memory_fraction", "cuda_graph_max_bs", "context_len"
@@ -284,7 +285,7 @@ def _existing(run: StudyRun, stage: str, params: Mapping[str, Any]) -> dict[str,
     """A finished trial of this stage with these params (so a resume does not repeat it)."""
     for t in run.finished(stage):
         if t.user_attrs.get("params") == dict(params):
-            return {"value": t.value, "outcome": t.user_attrs.get("outcome")}
+            return {"value": primary_value(t), "outcome": t.user_attrs.get("outcome")}
     return None
 
 
@@ -411,6 +412,14 @@ def _noise(run: StudyRun) -> float:
 # ------------------------------------------------------------------------------ orchestration
 def run_staged(run: StudyRun, memory_mode: str = "step") -> None:
     budget = plan_budget(run.job.study.trials, run.job.space)
+    fixed = sequential_stages(run, budget, memory_mode)
+    scenario_search(run, budget["scenario"], fixed)
+    run.validate()
+
+
+def sequential_stages(run: StudyRun, budget: Mapping[str, int], memory_mode: str) -> dict[str, Any]:
+    """Baseline, context, memory edge and graph coverage — each step needs the one before — and
+    the flags they decided. Stages already done only return their stored decision."""
     run.retry_failed()
     run.baseline()
     fixed: dict[str, Any] = {}
@@ -419,5 +428,4 @@ def run_staged(run: StudyRun, memory_mode: str = "step") -> None:
     if edge is not None:
         fixed[MEMORY] = edge
     fixed.update(cuda_graph(run, fixed, _noise(run)))
-    scenario_search(run, budget["scenario"], fixed)
-    run.validate()
+    return fixed

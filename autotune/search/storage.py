@@ -22,6 +22,8 @@ __all__ = [
     "load_study",
     "objective_summary",
     "open_study",
+    "pareto_front",
+    "primary_value",
     "study_dir",
     "superseded",
     "validation",
@@ -30,8 +32,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 30
-# A trial whose heartbeat is older than this is considered dead (its tuner was killed).
-GRACE_S = 90
+# A trial whose heartbeat is older than this many intervals is considered dead (its tuner was killed).
+GRACE_BEATS = 3
 
 
 def study_dir(results_dir: Path, study_name: str) -> Path:
@@ -42,13 +44,17 @@ def default_storage_url(results_dir: Path, study_name: str) -> str:
     return f"sqlite:///{(study_dir(results_dir, study_name) / 'study.db').resolve()}"
 
 
-def _storage(url: str) -> RDBStorage:
+def _storage(url: str, heartbeat_s: int = HEARTBEAT_S) -> RDBStorage:
     try:
         if url.startswith("sqlite"):
             # One tuner per SQLite study: a restart fails its leftovers at once (fail_stale_running).
-            return RDBStorage(url)
+            # Its parallel trials are threads of that tuner: let a writer wait for another's lock.
+            return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
         return RDBStorage(
-            url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, engine_kwargs={"pool_pre_ping": True}
+            url,
+            heartbeat_interval=heartbeat_s,
+            grace_period=GRACE_BEATS * heartbeat_s,
+            engine_kwargs={"pool_pre_ping": True},
         )
     except Exception as err:  # SQLAlchemy raises many kinds; all mean "cannot use this URL"
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
@@ -65,21 +71,33 @@ def _redact(url: str) -> str:
     return url
 
 
-def open_study(name: str, storage_url: str, *, direction: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+def _direction(name: str) -> StudyDirection:
+    return StudyDirection.MAXIMIZE if name == "maximize" else StudyDirection.MINIMIZE
+
+
+def open_study(
+    name: str,
+    storage_url: str,
+    *,
+    directions: list[str],
+    sampler: optuna.samplers.BaseSampler,
+    heartbeat_s: int = HEARTBEAT_S,
+) -> optuna.Study:
     """Create the study, or load it when it exists (checking it optimises the same way)."""
     if storage_url.startswith("sqlite:///"):
         Path(storage_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    storage = _storage(storage_url)
-    wanted = StudyDirection.MAXIMIZE if direction == "maximize" else StudyDirection.MINIMIZE
+    storage = _storage(storage_url, heartbeat_s)
+    wanted = [_direction(d) for d in directions]
     try:
         study = optuna.create_study(
-            study_name=name, storage=storage, direction=wanted, sampler=sampler, load_if_exists=True
+            study_name=name, storage=storage, directions=wanted, sampler=sampler, load_if_exists=True
         )
     except ValueError as err:
         raise StudyError(f"study {name!r}: {err}") from None
-    if study.direction != wanted:
+    if study.directions != wanted:
+        have = ", ".join(d.name.lower() for d in study.directions)
         raise StudyError(
-            f"study {name!r} was created to {study.direction.name.lower()}, not {direction}; "
+            f"study {name!r} was created to {have}, not {', '.join(directions)}; "
             "use a new study name for a different objective"
         )
     return study
@@ -98,7 +116,7 @@ def fail_stale_running(study: optuna.Study) -> list[FrozenTrial]:
     """Fail trials whose tuner died, however recent: called only when we own the study run.
 
     Optuna's heartbeat fails trials older than the grace period; a restart right after a kill
-    would otherwise wait GRACE_S. With SQLite (one box, one tuner) every RUNNING trial at start
+    would otherwise wait out the grace period. With SQLite (one box, one tuner) every RUNNING trial at start
     belongs to a dead tuner, so we fail them at once.
     """
     storage = study._storage
@@ -132,6 +150,23 @@ def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
     ]
 
 
+def primary_value(trial: FrozenTrial) -> float | None:
+    """The first objective's value (the only one in a single-objective study)."""
+    return trial.values[0] if trial.values else None
+
+
+def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
+    """Feasible trials no other feasible trial beats on every objective."""
+    trials = [t for t in feasible_trials(study) if t.values]
+    signs = [1 if d == StudyDirection.MAXIMIZE else -1 for d in study.directions]
+
+    def dominates(a: FrozenTrial, b: FrozenTrial) -> bool:
+        pairs = [(s * x, s * y) for s, x, y in zip(signs, a.values, b.values, strict=True)]
+        return all(x >= y for x, y in pairs) and any(x > y for x, y in pairs)
+
+    return [t for t in trials if not any(dominates(o, t) for o in trials if o is not t)]
+
+
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
     """The winner: among validated finalists that stayed feasible, the best median; before any
     validation, the best single feasible trial. A validation re-run is never the winner itself."""
@@ -141,13 +176,13 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
     pool = stable or [t for t in trials if t.number not in checked]
     if not pool:
         return None
-    sign = 1 if study.direction.name.lower() == "maximize" else -1
-    return max(pool, key=lambda t: sign * float(checked.get(t.number, {}).get("median", t.value) or 0.0))
+    sign = 1 if study.directions[0] == StudyDirection.MAXIMIZE else -1
+    return max(pool, key=lambda t: sign * float(checked.get(t.number, {}).get("median", primary_value(t)) or 0.0))
 
 
 def objective_summary(study: optuna.Study, trial: FrozenTrial) -> tuple[float | None, str]:
     """(value, note): the validated median with its spread when there is one."""
     checked = validation(study).get(trial.number)
     if checked is None:
-        return trial.value, ""
+        return primary_value(trial), ""
     return checked["median"], f"median of {len(checked['values'])} runs, spread {checked['spread']:.1%}"

@@ -52,6 +52,9 @@ class TrialSpec:
     # Called with the engine's process-group id as soon as it exists, so a killed tuner's
     # engine can be found and reaped on resume.
     on_launch: Callable[[int], None] | None = None
+    # Where the engine runs (CUDA_VISIBLE_DEVICES of its GPU group): given to the engine and
+    # written to argv.json, but kept out of the result's env, which exported scripts reuse.
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -122,7 +125,7 @@ class _Trial:
 
     def launch_spec(self) -> LaunchSpec:
         spec = self.adapter.build_launch(self.spec.flags, free_port(self.adapter.settings.host))
-        _write_json(self.spec.trial_dir / "argv.json", {"argv": spec.argv, "env": spec.env})
+        _write_json(self.spec.trial_dir / "argv.json", {"argv": spec.argv, "env": {**spec.env, **self.spec.env}})
         return spec
 
     def bench(self, launch: LaunchSpec, proc: EngineProcess) -> tuple[list[dict[str, float]], dict[str, Any]]:
@@ -162,7 +165,7 @@ def run_trial(
         t.progress.phase("launching")
         proc = EngineProcess(
             launch.argv,
-            launch.env,
+            {**launch.env, **spec.env},
             t.log_path,
             ready_url=launch.base_url + launch.ready_path,
             health_url=launch.base_url + adapter.health_path,

@@ -22,6 +22,7 @@ from autotune.engines import get_adapter
 from autotune.engines.base import EngineAdapter
 from autotune.errors import ConfigError, StudyError
 from autotune.runtime.reaper import reap_process_groups
+from autotune.search.parallel import run_scaled, scales_out
 from autotune.search.progress import NullProgress, Progress
 from autotune.search.runner import STAGE_SEARCH, StudyRun
 from autotune.search.stages import memory_edge, run_staged
@@ -116,6 +117,9 @@ def check_job(job: TuneJob, adapter: EngineAdapter) -> None:
 def _sampler(cfg: StudySettings) -> optuna.samplers.BaseSampler:
     if cfg.sampler == "random":
         return optuna.samplers.RandomSampler(seed=cfg.seed)
+    if cfg.sampler == "nsga2":
+        # Multi-objective search by evolution: needs generations, so it suits long runs.
+        return optuna.samplers.NSGAIISampler(seed=cfg.seed, population_size=max(4, min(20, cfg.trials // 3)))
     return optuna.samplers.TPESampler(
         seed=cfg.seed,
         multivariate=True,
@@ -143,9 +147,8 @@ def _resume(study: optuna.Study, job: TuneJob, progress: Progress) -> None:
             f"study {job.study.name!r} was created with a different engine/space/workload; "
             "use a new --study name (nothing was changed)"
         )
+    # On a shared storage the workers' heartbeats fail and retry a dead worker's trials (parallel.py).
     stale = fail_stale_running(study) if job.storage_url.startswith("sqlite") else []
-    if not job.storage_url.startswith("sqlite"):
-        optuna.storages.fail_stale_trials(study)
     pgids = [
         int(t.user_attrs["engine_pgid"])
         for t in stale
@@ -162,13 +165,19 @@ def run_study(job: TuneJob, progress: Progress | None = None) -> FrozenTrial | N
     adapter = get_adapter(job.engine)
     check_job(job, adapter)
     study = open_study(
-        job.study.name, job.storage_url, direction=job.workload.objective.direction, sampler=_sampler(job.study)
+        job.study.name,
+        job.storage_url,
+        directions=job.workload.objective.directions,
+        sampler=_sampler(job.study),
+        heartbeat_s=job.study.heartbeat_s,
     )
     job.dir.mkdir(parents=True, exist_ok=True)
     _resume(study, job, progress)
     run = StudyRun(job, adapter, study, progress)
     progress.study_started(job.study.name, job.study.trials, len(run.finished(STAGE_SEARCH)))
-    if job.study.method == "staged":
+    if scales_out(job):
+        run_scaled(run)
+    elif job.study.method == "staged":
         run_staged(run, job.study.memory_probe)
     elif job.study.method == "memory":
         run.baseline()

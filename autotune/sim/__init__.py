@@ -8,6 +8,8 @@ and preemption). Every number it reports is modelled, and it says so at start-up
 
 Modules: ``presets`` (GPUs, models), ``settings`` (``AUTOTUNE_SIM_*``), ``memory``, ``perf``,
 ``kvcache``, ``scheduler``, ``engine`` (modelled clock), ``tokenizer``, ``http``, ``openai``,
-``stats``/``metrics``, ``dialects/`` (vllm, sglang), ``app`` (entry point). Importing this
-package imports nothing else, so the server starts in a fraction of a second.
+``stats``/``metrics``, ``dialects/`` (vllm, sglang), ``app`` (entry point), ``offline`` (a
+workload through the model without a server), ``calibration`` (the model against published
+facts). Importing this package imports nothing else, so the server starts in a fraction of a
+second.
 """

@@ -98,6 +98,7 @@ class Engine:
         self._force_oom = False
         self._last_lag_report = 0.0
         self._last_yield = clock()
+        self._client_requests = 0
 
     # ----------------------------------------------------------------------------- clock
     def model_now(self) -> float:
@@ -110,8 +111,8 @@ class Engine:
         self._t0, self._wall0 = self.t, self._clock()
 
     # --------------------------------------------------------------------------- requests
-    def submit(self, req: SimRequest) -> None:
-        """Queue a request; may trip a fault that counts requests."""
+    def submit(self, req: SimRequest, *, internal: bool = False) -> None:
+        """Queue a request; a client's (not ``internal``) may trip a fault that counts requests."""
         if self.dead:
             raise Fatal("crash")
         self.t = self.model_now()
@@ -119,7 +120,9 @@ class Engine:
         self.stats.requests_total += 1
         self.scheduler.add(req)
         self._wake.set()
-        self._count_faults(self.stats.requests_total)
+        if not internal:
+            self._client_requests += 1
+            self._count_faults(self._client_requests)
 
     def abort(self, req: SimRequest) -> None:
         """The client went away: stop generating and free the request's KV."""
@@ -138,11 +141,7 @@ class Engine:
 
     def in_flight(self) -> list[SimRequest]:
         """Every request the engine still holds (running, queued, mid-prefill)."""
-        reqs = [*self.scheduler.running, *self.scheduler.waiting]
-        chunked = getattr(self.scheduler, "chunked_req", None)
-        if chunked is not None and chunked not in reqs:
-            reqs.append(chunked)
-        return [r for r in reqs if not r.done]
+        return [r for r in self.scheduler.held() if not r.done]
 
     def die(self, fatal: Fatal) -> None:
         """Stop the engine for good and let the dialect report it."""

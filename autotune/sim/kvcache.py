@@ -16,18 +16,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-__all__ = ["ANON", "BlockPool", "chain_hashes"]
+__all__ = ["ANON", "BlockPool"]
 
 ANON = -1
-
-
-def chain_hashes(tokens: Sequence[int], block_size: int, start: int, parent: int, count: int) -> list[int]:
-    """Hashes of ``count`` full blocks from block index ``start``, chained from ``parent``."""
-    out: list[int] = []
-    for i in range(start, start + count):
-        parent = hash((parent, tuple(tokens[i * block_size : (i + 1) * block_size])))
-        out.append(parent)
-    return out
 
 
 class BlockPool:

@@ -35,11 +35,16 @@ Where it breaks
   out of what is physically left after the KV pool (graphs + the capture's own forward pass).
 * Start-up, too low: no KV blocks, or fewer than one ``max_model_len`` request (vLLM); weights
   leave nothing under the fraction, or no tokens (SGLang).
-* **Run time** — what start-up checks miss: a step's real activation peak is the profiled one
-  plus ``FRAGMENTATION`` (caching-allocator fragmentation under mixed shapes, an assumption
-  not calibrated on a public number). A large prefill batch with many sampled sequences can
-  then need more than what is physically free after the KV pool and graphs, and the engine
-  dies with a CUDA OOM under load.
+* **Run time** — what start-up checks miss: serving needs more than the start-up profile saw.
+  A step's activations are ``FRAGMENTATION`` larger than in the profile (the caching allocator
+  cannot reuse blocks exactly under mixed shapes), and ``RUNTIME_RESERVE_FRACTION`` of the GPU
+  is held once traffic runs (blocks reserved but unallocated after warm-up, run-time growth of
+  non-torch memory, sampler scratch). Both are assumptions, not calibrated on a public number:
+  they put the edge of an 8B model on an H100 at a ``--gpu-memory-utilization`` of 0.94–0.95
+  under a full prefill batch (0.95–0.96 under a light one), where a fraction that starts fine
+  dies with a CUDA OOM once a large prefill batch arrives; for SGLang they make a summary line
+  with ``available_gpu_mem`` below ~4.6 GB an OOM under load, the range the tuning guides call
+  too aggressive (< 5 GB).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ NON_TORCH_GIB = 0.32  # vLLM logs "non_torch_memory takes 0.32GiB" for an 8B mod
 NCCL_GIB = 0.7
 WEIGHT_BUFFERS_GIB = 0.03
 FRAGMENTATION = 0.3
+RUNTIME_RESERVE_FRACTION = 0.04
 GRAPH_ESTIMATE_ERROR = 0.08
 SGLANG_WORKSPACE_GIB = 0.25  # attention-backend workspace allocated after the KV pool
 
@@ -148,7 +154,7 @@ def footprint(
 
 
 def step_bytes(fp: Footprint, tokens: int, seqs: int, *, runtime: bool = True) -> float:
-    """Transient activation bytes of one forward pass over ``tokens`` tokens sampling ``seqs``.
+    """Bytes one forward pass over ``tokens`` tokens sampling ``seqs`` sequences needs free.
 
     ``runtime`` adds the allocator fragmentation that a start-up profile does not see.
     """
@@ -182,6 +188,7 @@ class VllmMemory:
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
     other_process_gib: float = 0.0
+    check_free: bool = True  # 0.34's extensible KV cache skips the start-up free-memory check
 
 
 @dataclass(frozen=True)
@@ -204,7 +211,8 @@ class VllmMemoryPlan:
     kv_tokens: int
     max_model_len: int
     estimated_max_len: int
-    headroom: float  # physically free after the KV pool and graphs: room for step transients
+    headroom: float  # physically free after the KV pool and graphs
+    runtime_free: float  # what a served step may use: headroom less the run-time reserve
     capture_need: float
     failure: str | None
 
@@ -219,7 +227,8 @@ def plan_vllm(m: VllmMemory) -> VllmMemoryPlan:
     peak = step_bytes(fp, m.max_batched_tokens, min(m.max_num_seqs, m.max_batched_tokens), runtime=False)
     actual = graph_bytes(fp, m.capture_sizes, m.graphs_per_size)
     estimate = actual * (1.0 - GRAPH_ESTIMATE_ERROR)
-    capture_need = actual + (step_bytes(fp, max(m.capture_sizes), max(m.capture_sizes)) if actual else 0.0)
+    largest = max(m.capture_sizes) if actual else 0
+    capture_need = actual + step_bytes(fp, largest, largest)
     if m.kv_cache_memory_bytes is not None:
         kv = float(m.kv_cache_memory_bytes)
     else:
@@ -234,7 +243,7 @@ def plan_vllm(m: VllmMemory) -> VllmMemoryPlan:
     headroom = free - consumed - kv_alloc - actual
 
     failure: str | None = None
-    if requested > free:
+    if m.check_free and requested > free:
         failure = "free_memory"
     elif consumed > free:
         failure = "load_oom"
@@ -258,6 +267,7 @@ def plan_vllm(m: VllmMemory) -> VllmMemoryPlan:
         max_model_len=max_len,
         estimated_max_len=estimated_max_len,
         headroom=headroom,
+        runtime_free=headroom - RUNTIME_RESERVE_FRACTION * total,
         capture_need=capture_need,
         failure=failure,
     )
@@ -295,7 +305,8 @@ class SglangMemoryPlan:
     prefill_graph: float
     decode_graph: float
     after_prefill_capture: float
-    available: float  # ``available_gpu_mem`` in the summary line: headroom for run-time steps
+    available: float  # ``available_gpu_mem`` in the summary line: physically free after capture
+    runtime_free: float  # what a served step may use: available less the run-time reserve
     min_fraction: float
     failure: str | None
 
@@ -314,8 +325,11 @@ def plan_sglang(m: SglangMemory) -> SglangMemoryPlan:
     after_pool = after_weights - kv_bytes - SGLANG_WORKSPACE_GIB * GIB
     prefill = graph_bytes(fp, m.prefill_sizes, 1, token_scale=0.125)
     decode = graph_bytes(fp, m.decode_sizes, 1)
-    prefill_need = prefill + (step_bytes(fp, max(m.prefill_sizes), 1) if m.prefill_sizes else 0.0)
-    decode_need = decode + (step_bytes(fp, max(m.decode_sizes), max(m.decode_sizes)) if m.decode_sizes else 0.0)
+    top_prefill = max(m.prefill_sizes, default=0)
+    top_decode = max(m.decode_sizes, default=0)
+    # The capture's own forward pass needs its activations on top of the graph pool.
+    prefill_need = prefill + step_bytes(fp, top_prefill, 1 if top_prefill else 0)
+    decode_need = decode + step_bytes(fp, top_decode, top_decode)
     after_prefill = after_pool - prefill
 
     failure: str | None = None
@@ -340,6 +354,7 @@ def plan_sglang(m: SglangMemory) -> SglangMemoryPlan:
         decode_graph=decode,
         after_prefill_capture=after_prefill,
         available=after_prefill - decode,
+        runtime_free=after_prefill - decode - RUNTIME_RESERVE_FRACTION * m.gpu.torch_total_gib * GIB,
         min_fraction=min_fraction,
         failure=failure,
     )

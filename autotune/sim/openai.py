@@ -73,10 +73,6 @@ class EngineGroup:
     def __init__(self, engines: Sequence[Engine]) -> None:
         self.engines = list(engines)
 
-    @property
-    def dead(self) -> bool:
-        return any(e.dead for e in self.engines)
-
     def submit(self, req: SimRequest) -> Engine:
         engine = min(self.engines, key=lambda e: len(e.scheduler.running) + len(e.scheduler.waiting))
         engine.submit(req)
@@ -462,7 +458,8 @@ class OpenAIServer:
         exchange.pending = [[] for _ in reqs]
         exchange.build_templates(len(reqs))
         if self.cfg.drop_connections and stream and self._rng.random() < self.cfg.drop_connections:
-            exchange.drop_at = self._rng.randint(1, max(1, reqs[0].output_len))
+            # Cut before the last token, so a dropped stream never looks complete.
+            exchange.drop_at = self._rng.randint(1, max(1, reqs[0].output_len - 1))
         if stream:
             resp.start_stream()
         resp.on_close = exchange.cancel

@@ -145,11 +145,6 @@ class PerfModel:
         shape = StepShape(batch, batch, batch * context, 0.0, 0, batch, graph)
         return self.step_time(shape)
 
-    def prefill_step(self, tokens: int, graph: GraphMode = GraphMode.EAGER) -> float:
-        """Convenience: one fresh prompt of ``tokens`` tokens in one chunk."""
-        shape = StepShape(tokens, 0, 0, tokens * (tokens / 2.0), 0, 1, graph)
-        return self.step_time(shape)
-
     def bandwidth_bound(self, batch: int, context: int) -> float:
         """The pure memory-bandwidth bound of a decode step at peak bandwidth (for calibration)."""
         moved = self.weight_bytes(batch) + batch * (context + 1) * self.fp.kv_bytes_per_token

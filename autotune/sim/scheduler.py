@@ -137,6 +137,10 @@ class Scheduler(ABC):
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def held(self) -> list[SimRequest]:
+        """Every request this scheduler holds: running, then queued."""
+        return [*self.running, *self.waiting]
+
     def abort(self, req: SimRequest) -> None:
         """Drop a request (client gone): free its blocks wherever it is."""
         if req.done:
@@ -423,6 +427,10 @@ class SglangScheduler(Scheduler):
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked_req)
+
+    def held(self) -> list[SimRequest]:
+        chunked = [self.chunked_req] if self.chunked_req is not None else []
+        return [*self.running, *chunked, *self.waiting]
 
     def abort(self, req: SimRequest) -> None:
         if req is self.chunked_req:

@@ -11,7 +11,8 @@ import httpx
 import pytest
 from fake_openai import FakeOpenAI
 
-from autotune.bench.loadgen import BenchProgress, BenchResult, assess_client, run_workload, run_workload_sync
+from autotune.bench.loadgen import BenchProgress, BenchResult, run_workload, run_workload_sync
+from autotune.bench.selfcheck import assess_client
 from autotune.bench.transport import ClientLanes
 from autotune.config import Arrival, Dataset, Workload
 from autotune.errors import BenchmarkError

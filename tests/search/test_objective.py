@@ -38,3 +38,18 @@ def test_failed_trial_is_worst_and_infeasible_for_both_directions() -> None:
 def test_missing_slo_metric_counts_as_violation() -> None:
     s = score(Outcome.OK, {"output_throughput": 10.0}, WL)
     assert s.violations["p95_ttft_ms"] == FAILED_VIOLATION
+
+
+def test_nan_latency_is_a_violation_not_a_pass() -> None:
+    s = score(Outcome.OK, {"output_throughput": 10.0, "p95_ttft_ms": float("nan"), "error_rate": 0.0}, WL)
+    assert s.violations["p95_ttft_ms"] == FAILED_VIOLATION
+
+
+def test_multi_objective_values_and_throughput_floor() -> None:
+    wl = parse_model(Workload, {"objective": {"metric": "output_throughput", "also": [
+        {"metric": "p95_ttft_ms", "direction": "minimize"}], "throughput_floor": 1000}}, "t")
+    s = score(Outcome.OK, {"output_throughput": 800.0, "p95_ttft_ms": 120.0, "error_rate": 0.0}, wl)
+    assert s.values == [800.0, 120.0]
+    assert s.violations["throughput_floor"] == 0.2
+    failed = score(Outcome.OOM_RUNTIME, {}, wl)
+    assert failed.values[0] == 0.0 and failed.values[1] > 1e9

@@ -16,7 +16,7 @@ import optuna
 import pytest
 
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
-from autotune.search.storage import best_trial, load_study
+from autotune.search.storage import best_trial, load_study, superseded, validation
 from autotune.search.tune import TuneJob, run_study
 
 pytestmark = pytest.mark.slow
@@ -76,7 +76,7 @@ def test_search_study_completes_and_exports(tmp_path: Path) -> None:
         assert {"argv.json", "engine.log", "bench.json", "outcome.json"} <= {p.name for p in folder.iterdir()}
         assert t.user_attrs["facts"].get("kv_tokens", 0) > 0
         assert t.user_attrs["metrics"]["output_throughput"] > 0
-    assert "validated_median" in best.user_attrs
+    assert validation(study)[best.number]["stable"]
     # the flags the sampler chose are exactly the flags the engine got
     argv = best.user_attrs["argv"]
     for flag, value in best.user_attrs["flags"].items():
@@ -166,6 +166,8 @@ def test_kill_9_mid_trial_then_resume(tmp_path: Path) -> None:
     interrupted = [t for t in study.trials if t.user_attrs.get("outcome") == "interrupted"]
     assert len(interrupted) == 1
     assert study.trials[0].user_attrs["outcome"] == "ok"  # the completed baseline survived
-    searched = [t for t in study.trials if t.user_attrs["stage"] == "search" and not t.user_attrs.get("retried")]
+    replaced = superseded(study.trials)
+    assert replaced == {interrupted[0].number}  # the interrupted trial was re-run
+    searched = [t for t in study.trials if t.user_attrs["stage"] == "search" and t.number not in replaced]
     assert len([t for t in searched if t.state.is_finished()]) == 3
     assert not _sim_processes(tmp_path)

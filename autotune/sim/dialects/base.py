@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import signal
 import socket
@@ -268,10 +267,6 @@ def capture_sizes(max_size: int, steps: Sequence[tuple[int, int, int]]) -> list[
 
 def gib(n: float) -> float:
     return n / float(1 << 30)
-
-
-def ceil_to(n: float, step: int) -> int:
-    return int(math.ceil(n / step) * step)
 
 
 class Dialect(ABC):

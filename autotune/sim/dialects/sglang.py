@@ -339,7 +339,7 @@ class SglangDialect(Dialect):
                 prefill_graph_max_tokens=c.prefill_max_tokens,
                 seed=s.seed,
             )
-            engines.append(self.rt.build_engine(sched, perf, self.stats, self.fp, plan.available, self, rank))
+            engines.append(self.rt.build_engine(sched, perf, self.stats, self.fp, plan.runtime_free, self, rank))
         self.engines = EngineGroup(engines)
         self.kv_tokens = plan.kv_tokens
         self.plan = plan
@@ -395,7 +395,7 @@ class SglangDialect(Dialect):
             def fail(self, req: SimRequest, message: str) -> None:
                 return None
 
-        self.engines.submit(SimRequest(0, prompt, 8, "length", 8, 0, sink=Sink()))
+        self.engines.engines[0].submit(SimRequest(0, prompt, 8, "length", 8, 0, sink=Sink()), internal=True)
 
     def _ready(self) -> None:
         self.status = "Up"

@@ -43,7 +43,7 @@ from autotune.sim.dialects.vllm_args import (
 )
 from autotune.sim.engine import Engine, Fatal
 from autotune.sim.http import Request, Responder
-from autotune.sim.memory import GIB, VllmMemory, VllmMemoryPlan, footprint, plan_vllm
+from autotune.sim.memory import FRAGMENTATION, GIB, VllmMemory, VllmMemoryPlan, footprint, plan_vllm
 from autotune.sim.metrics import CONTENT_TYPE, Exposition
 from autotune.sim.openai import EngineGroup, OpenAIServer, ServingConfig
 from autotune.sim.perf import PerfModel
@@ -198,6 +198,7 @@ class VllmDialect(Dialect):
             derived_max_len=c.derived_max_len,
             kv_cache_memory_bytes=c.kv_cache_memory_bytes,
             num_gpu_blocks_override=c.num_gpu_blocks_override,
+            check_free=not c.extensible_kv,
         )
         plan = plan_vllm(self.memory)
         if c.extensible_kv and plan.failure in (None, "capture_oom"):
@@ -207,7 +208,7 @@ class VllmDialect(Dialect):
 
     async def _start_engine(self, plan: VllmMemoryPlan) -> bool:
         """Model load → profile → KV cache → graph capture, stopping at the planned failure."""
-        c, s, gpu = self.cfg, self.settings, self.settings.gpu
+        c = self.cfg
         if plan.failure == "free_memory":
             return self._core_failed(
                 [
@@ -217,6 +218,27 @@ class VllmDialect(Dialect):
                     "reduce GPU memory used by other processes."
                 ]
             )
+        if not await self._load(plan):
+            return False
+        if c.extensible_kv:  # 0.34: graphs first, then the cache grows into what is left
+            if not await self._capture(plan):
+                return False
+            free_after = plan.free_at_start - plan.consumed - plan.graph_actual
+            self.core(f"Memory after warmup: {gib(free_after):.2f} GiB free", "gpu_worker.py:512")
+            self.core(
+                f"Extended KV cache to {plan.num_blocks} blocks ({gib(plan.kv_bytes):.2f} GiB).", "kv_cache.py:201"
+            )
+            if not self._kv_lines(plan):
+                return False
+        elif not self._kv_lines(plan) or not await self._capture(plan):
+            return False
+        total_s = 1.0 + self.fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S + (COMPILE_S if c.compile else 0) + PROFILE_S
+        self.core(f"init engine (profile, create kv cache, warmup model) took {total_s:.2f} seconds", "core.py:239")
+        return True
+
+    async def _load(self, plan: VllmMemoryPlan) -> bool:
+        """Weights, torch.compile and the memory profile."""
+        c, s, gpu = self.cfg, self.settings, self.settings.gpu
         await self.rt.pause(s.faults.slow_startup_s)
         for rank in range(c.tp * c.pp):
             self.worker(rank, f"Starting to load model {c.model_name}...", "gpu_model_runner.py:3330")
@@ -236,34 +258,35 @@ class VllmDialect(Dialect):
             await self.rt.pause(COMPILE_S)
             self.core(f"torch.compile takes {COMPILE_S:.2f} s in total", "monitor.py:34")
         await self.rt.pause(PROFILE_S)
-        if plan.graph_estimate:
+        if plan.graph_estimate and not c.extensible_kv:
             self.core(
                 f"Estimated CUDA graph memory: {gib(plan.graph_estimate):.2f} GiB total", "gpu_model_runner.py:4257"
             )
-        if not self._kv_lines(plan):
-            return False
-        if plan.graph_actual:
-            n_graphs = len(c.capture_sizes) * c.graphs_per_size
-            capture_s = CAPTURE_S_PER_GRAPH * n_graphs
-            await self.rt.pause(capture_s)
-            if plan.failure == "capture_oom":
-                free = plan.free_at_start - plan.consumed - plan.num_blocks * c.block_size * self.fp.kv_bytes_per_token
-                return self._core_failed(
-                    torch_oom(plan.capture_need - max(free, 0) + 0.25 * GIB, free, gpu.torch_total_gib)
-                )
-            self.core(
-                f"Graph capturing finished in {capture_s:.0f} secs, took {gib(plan.graph_actual):.2f} GiB",
-                "gpu_model_runner.py:4373",
+        return True
+
+    async def _capture(self, plan: VllmMemoryPlan) -> bool:
+        """CUDA-graph capture, or the OOM it runs into after the KV cache took its share."""
+        c, gpu = self.cfg, self.settings.gpu
+        if not plan.graph_actual:
+            return True
+        capture_s = CAPTURE_S_PER_GRAPH * len(c.capture_sizes) * c.graphs_per_size
+        await self.rt.pause(capture_s)
+        if plan.failure == "capture_oom":
+            free = plan.free_at_start - plan.consumed - plan.num_blocks * c.block_size * self.fp.kv_bytes_per_token
+            return self._core_failed(
+                torch_oom(plan.capture_need - max(free, 0) + 0.25 * GIB, free, gpu.torch_total_gib)
             )
-            diff = plan.graph_actual - plan.graph_estimate
-            self.core(
-                f"CUDA graph pool memory: {gib(plan.graph_actual):.2f} GiB (actual), "
-                f"{gib(plan.graph_estimate):.2f} GiB (estimated), difference: {gib(diff):.2f} GiB "
-                f"({100 * diff / plan.graph_actual:.1f}%).",
-                "gpu_worker.py:470",
-            )
-        total_s = load_s + (COMPILE_S if c.compile else 0) + PROFILE_S
-        self.core(f"init engine (profile, create kv cache, warmup model) took {total_s:.2f} seconds", "core.py:239")
+        self.core(
+            f"Graph capturing finished in {capture_s:.0f} secs, took {gib(plan.graph_actual):.2f} GiB",
+            "gpu_model_runner.py:4373",
+        )
+        diff = plan.graph_actual - plan.graph_estimate
+        self.core(
+            f"CUDA graph pool memory: {gib(plan.graph_actual):.2f} GiB (actual), "
+            f"{gib(plan.graph_estimate):.2f} GiB (estimated), difference: {gib(diff):.2f} GiB "
+            f"({100 * diff / plan.graph_actual:.1f}%).",
+            "gpu_worker.py:470",
+        )
         return True
 
     def _kv_lines(self, plan: VllmMemoryPlan) -> bool:
@@ -301,7 +324,7 @@ class VllmDialect(Dialect):
                 "available KV cache memory.",
                 "kv_cache_utils.py:1160",
             )
-        if plan.graph_estimate:
+        if plan.graph_estimate and not c.extensible_kv:
             without = (plan.requested - plan.graph_estimate) / plan.total
             self.core(
                 f"CUDA graph memory profiling is enabled (default since v0.21.0). The current "
@@ -390,7 +413,7 @@ class VllmDialect(Dialect):
                 graph_mode=c.cudagraph_mode,
                 max_capture=c.max_capture,
             )
-            engines.append(self.rt.build_engine(sched, perf, self.stats, self.fp, plan.headroom, self, rank))
+            engines.append(self.rt.build_engine(sched, perf, self.stats, self.fp, plan.runtime_free, self, rank))
         self.engines = EngineGroup(engines)
         return self.engines
 
@@ -676,9 +699,10 @@ class VllmDialect(Dialect):
 def _extensible(plan: VllmMemoryPlan, m: VllmMemory) -> VllmMemoryPlan:
     """vLLM 0.34's extensible KV cache: sized after capture from what is then physically left."""
     fp = m.fp
-    reserve = plan.peak * 1.0 + 0.5 * GIB  # keeps a profiled step's activations free
-    kv = plan.requested - plan.consumed - plan.graph_actual - reserve
-    kv = min(kv, plan.free_at_start - plan.consumed - plan.graph_actual - reserve)
+    reserve = plan.headroom - plan.runtime_free
+    # The cache grows into what warm-up left, keeping a served full step's needs free.
+    keep_free = plan.peak * (1 + FRAGMENTATION) + reserve
+    kv = min(plan.requested, plan.free_at_start) - plan.consumed - plan.graph_actual - keep_free
     block = m.block_size * fp.kv_bytes_per_token
     blocks = max(0, int(kv // block))
     headroom = plan.free_at_start - plan.consumed - blocks * block - plan.graph_actual
@@ -688,5 +712,6 @@ def _extensible(plan: VllmMemoryPlan, m: VllmMemory) -> VllmMemoryPlan:
         num_blocks=blocks,
         kv_tokens=blocks * m.block_size,
         headroom=headroom,
+        runtime_free=headroom - reserve,
         failure=None if blocks > 1 else "no_kv",
     )

@@ -64,7 +64,7 @@ class ConfigFailure(Exception):
     """vLLM refuses this configuration: ``lines`` are printed (stderr) and the process exits 1."""
 
     def __init__(self, lines: Sequence[str]) -> None:
-        super().__init__(lines[-1] if lines else "")
+        super().__init__("\n".join(lines))
         self.lines = list(lines)
 
 

@@ -1,0 +1,182 @@
+"""What a load-generator run returns: the measured result, progress snapshots, and the JSON form."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from autotune.bench.metrics import RequestRecord, latency_stats, workload_percentiles
+from autotune.bench.prompts import PromptFormat
+from autotune.bench.selfcheck import ClientCheck
+from autotune.config import Workload
+
+__all__ = ["SCHEMA_VERSION", "BenchProgress", "BenchResult"]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class BenchProgress:
+    """A progress snapshot passed to ``on_progress`` (at most every 0.25 s, and at each phase end).
+
+    Attributes:
+        phase: ``warmup`` or ``measure``.
+        completed: Requests finished (successful or not) in this phase.
+        failed: Of those, how many failed.
+        total: Requests in this phase.
+        elapsed_s: Seconds since the phase started.
+        output_throughput: Token chunks received per second so far (≈ tokens/s; exact token
+            counts arrive only with each request's final usage chunk).
+    """
+
+    phase: str
+    completed: int
+    failed: int
+    total: int
+    elapsed_s: float
+    output_throughput: float
+
+
+@dataclass
+class BenchResult:
+    """The outcome of one run.
+
+    Attributes:
+        metrics: ``compute_metrics`` output (vLLM key names).
+        records: One record per measured request, in dispatch order.
+        duration_s: Dispatch + gather wall time.
+        model: Served model id used in the requests.
+        workload: The workload that was run.
+        prompt_format: ``ids`` or ``text``.
+        client: The client self-check.
+        clamped_requests: Successful requests whose ``usage.completion_tokens`` differs from
+            ``max_tokens`` (vLLM clamps silently when prompt + max_tokens exceeds the context).
+        prompt_len_mismatches: Successful completions whose ``usage.prompt_tokens`` differs from
+            the planned length.
+        prompts_off_target: Text prompts that did not re-tokenize to their planned length.
+        deadline_hit: The whole-run deadline cut the run short.
+        warmup_failed: Warm-up requests that failed.
+        max_model_len: The server's context length, when its ``/tokenize`` reported it.
+        date: Local start time, ``YYYYmmdd-HHMMSS`` as vLLM writes it.
+    """
+
+    metrics: dict[str, float | int]
+    records: list[RequestRecord]
+    duration_s: float
+    model: str
+    workload: Workload
+    prompt_format: PromptFormat
+    client: ClientCheck
+    clamped_requests: int = 0
+    prompt_len_mismatches: int = 0
+    prompts_off_target: int = 0
+    deadline_hit: bool = False
+    warmup_failed: int = 0
+    max_model_len: int | None = None
+    date: str = field(default_factory=lambda: datetime.now().strftime("%Y%m%d-%H%M%S"))
+
+    @property
+    def client_limited(self) -> bool:
+        """Whether the client may have limited the run (see :class:`ClientCheck`)."""
+        return self.client.limited
+
+    @property
+    def client_limited_reason(self) -> str:
+        return self.client.reason
+
+    def to_json(self, *, detailed: bool = False) -> dict[str, Any]:
+        """A JSON-ready dict: ``vllm bench serve``'s result keys at the top level, then ours.
+
+        NaN statistics (no successful request) are written as ``null``.
+
+        Args:
+            detailed: Add vLLM's per-request arrays (``input_lens``, ``ttfts``, ``itls``, ...).
+        """
+        w = self.workload
+        out: dict[str, Any] = {
+            "date": self.date,
+            "endpoint_type": _backend(w),
+            "backend": _backend(w),
+            "label": w.name,
+            "model_id": self.model,
+            "tokenizer_id": self.model,  # the server's own tokenizer built the prompts
+            "num_prompts": w.num_prompts,
+            "request_rate": "inf" if math.isinf(w.arrival.request_rate) else w.arrival.request_rate,
+            "burstiness": w.arrival.burstiness,
+            "max_concurrency": w.arrival.concurrency,
+            "request_goodput": None,  # vLLM writes null without --goodput; metrics overwrite it
+            **self.metrics,
+            **self._queue_stats(),
+            **self._extras(),
+        }
+        if detailed:
+            out.update(self._per_request())
+        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
+
+    def _queue_stats(self) -> dict[str, float]:
+        """vLLM's client-queue statistics, reported (as in vLLM) only with a concurrency cap."""
+        w = self.workload
+        if w.arrival.concurrency is None:
+            return {}
+        ok = [r for r in self.records if r.success]
+        ps = workload_percentiles(w.slos)
+        stats = latency_stats("client_queue_time", [r.client_queue_time for r in ok], ps)
+        if not math.isinf(w.arrival.request_rate):
+            incl = [r.latency + r.client_queue_time for r in ok]
+            stats.update(latency_stats("e2el_including_client_queue", incl, ps))
+        return stats
+
+    def _extras(self) -> dict[str, Any]:
+        w, c = self.workload, self.client
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "seed": w.seed,
+            "input_len": w.dataset.input_len,
+            "output_len": w.dataset.output_len,
+            "range_ratio": w.dataset.range_ratio,
+            "prefix_len": w.dataset.prefix_len,
+            "prompt_format": self.prompt_format,
+            "warmup_requests": w.warmup_requests,
+            "warmup_failed": self.warmup_failed,
+            "clamped_requests": self.clamped_requests,
+            "prompt_len_mismatches": self.prompt_len_mismatches,
+            "prompts_off_target": self.prompts_off_target,
+            "deadline_hit": self.deadline_hit,
+            "max_model_len": self.max_model_len,
+            "client_limited": c.limited,
+            "client_limited_reason": c.reason,
+            "client_cpu_share": c.cpu_share,
+            "p99_schedule_lag_ms": c.p99_schedule_lag_ms,
+            "p99_loop_lag_ms": c.p99_loop_lag_ms,
+            "max_loop_lag_ms": c.max_loop_lag_ms,
+            "error_samples": _error_samples(self.records),
+        }
+
+    def _per_request(self) -> dict[str, list[Any]]:
+        rs = self.records
+        return {
+            "input_lens": [r.prompt_len for r in rs],
+            "output_lens": [r.output_len if r.success else 0 for r in rs],
+            "ttfts": [r.ttft for r in rs],
+            "itls": [r.itl for r in rs],
+            "latencies": [r.latency for r in rs],
+            "start_times": [r.start_time for r in rs],
+            "queue_times": [r.client_queue_time for r in rs],
+            "schedule_lags": [r.schedule_lag for r in rs],
+            "errors": [r.error for r in rs],
+        }
+
+
+def _backend(w: Workload) -> str:
+    return "openai" if w.endpoint == "completions" else "openai-chat"
+
+
+def _error_samples(records: Sequence[RequestRecord], limit: int = 5) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.error:
+            counts[r.error] = counts.get(r.error, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:limit])
