@@ -38,7 +38,7 @@ from autotune.report.html import write_report
 from autotune.report.live import LiveProgress
 from autotune.report.table import trials_frame
 from autotune.search.storage import best_trial, default_storage_url, load_study, objective_summary, pareto_front
-from autotune.search.tune import TuneJob, run_study
+from autotune.search.tune import TuneJob, run_study, scaled_startup_timeout
 
 app = typer.Typer(
     help="Closed-loop auto-tuner for LLM serving engines (vLLM, SGLang): launches the engine with "
@@ -108,7 +108,7 @@ def _engine_settings(
     command: str | None,
     fixed: dict[str, Any],
     env: dict[str, Any],
-    startup_timeout: float,
+    startup_timeout: float | None,
     sim_gpu: str,
     sim_speedup: float,
     api_key_env: str | None,
@@ -127,7 +127,7 @@ def _engine_settings(
                 "command": [sys.executable, "-m", "autotune.sim", dialect],
                 "env": env_str,
                 "fixed_flags": fixed,
-                "startup_timeout_s": startup_timeout,
+                "startup_timeout_s": startup_timeout or 120.0,  # the sim starts in about a second
                 "simulated": True,
                 "api_key_env": api_key_env,
             },
@@ -146,7 +146,7 @@ def _engine_settings(
             "command": shlex.split(command) if command else None,
             "env": env_str,
             "fixed_flags": fixed,
-            "startup_timeout_s": startup_timeout,
+            "startup_timeout_s": startup_timeout or scaled_startup_timeout(model),
             "api_key_env": api_key_env,
         },
         "engine options",
@@ -196,7 +196,9 @@ def tune(
     memory_probe: Annotated[str, typer.Option(help="Memory-edge probe: step (0.02 steps) | bisect.")] = "step",
     sampler: Annotated[str, typer.Option(help="tpe | random | nsga2 (multi-objective evolution).")] = "tpe",
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
-    startup_timeout: Annotated[float, typer.Option(help="Seconds an engine may take to become ready.")] = 600.0,
+    startup_timeout: Annotated[
+        float | None, typer.Option(help="Seconds an engine may take to become ready (default: scaled to the model).")
+    ] = None,
     api_key_env: Annotated[str | None, typer.Option(help="Env var holding the engine API key (never stored).")] = None,
     sim_gpu: Annotated[str, typer.Option(help="Simulator GPU preset.")] = "H100-80GB",
     sim_speedup: Annotated[float, typer.Option(help="Simulator time compression (modelled time / wall time).")] = 20.0,
@@ -299,7 +301,7 @@ def probe_memory(
         memory_probe=memory_probe,
         sampler="tpe",
         seed=None,
-        startup_timeout=600.0,
+        startup_timeout=None,
         api_key_env=None,
         sim_gpu=sim_gpu,
         sim_speedup=sim_speedup,

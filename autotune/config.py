@@ -288,6 +288,8 @@ class StudySettings(StrictModel):
     sampler: Literal["tpe", "random", "nsga2"] = "tpe"
     seed: int | None = None
     baseline: bool = Field(default=True, description="Run the engine's defaults first.")
+    stall_timeout_s: float = Field(default=120.0, gt=0, description="Kill an engine that streams no token this long.")
+    bench_timeout_s: float | None = Field(default=None, gt=0, description="Cap on one benchmark run.")
     method: Literal["staged", "search", "memory"] = Field(
         default="staged",
         description="staged: the articles' methodology; search: plain Optuna over the space; memory: the edge only.",

@@ -159,6 +159,8 @@ class StudyRun:
                     repeats=self.job.study.repeats,
                     on_launch=lambda pgid: trial.set_user_attr("engine_pgid", pgid),
                     env=env,
+                    stall_timeout_s=self.job.study.stall_timeout_s,
+                    bench_timeout_s=self.job.study.bench_timeout_s,
                 )
                 result = run_trial(spec, self.adapter, workload, self.progress)
         except BaseException:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -33,6 +35,7 @@ from autotune.errors import (
 from autotune.outcomes import Outcome
 from autotune.runtime.ports import free_port
 from autotune.runtime.process import EngineProcess
+from autotune.runtime.procfs import send_group
 from autotune.search.objective import Score, score
 from autotune.search.progress import NullProgress, Progress
 
@@ -55,6 +58,8 @@ class TrialSpec:
     # Where the engine runs (CUDA_VISIBLE_DEVICES of its GPU group): given to the engine and
     # written to argv.json, but kept out of the result's env, which exported scripts reuse.
     env: Mapping[str, str] = field(default_factory=dict)
+    stall_timeout_s: float = 120.0  # no new tokens this long mid-benchmark: the engine is hung
+    bench_timeout_s: float | None = None  # the whole benchmark (None: derived from the workload)
 
 
 @dataclass
@@ -131,15 +136,25 @@ class _Trial:
     def bench(self, launch: LaunchSpec, proc: EngineProcess) -> tuple[list[dict[str, float]], dict[str, Any]]:
         before = prometheus.scrape(launch.base_url)
         runs: list[dict[str, Any]] = []
-        for i in range(self.spec.repeats):
-            self.progress.phase(
-                f"benchmarking {i + 1}/{self.spec.repeats}" if self.spec.repeats > 1 else "benchmarking"
-            )
-            result = run_workload_sync(
-                launch.base_url, self.workload, api_key=self.adapter.api_key(), on_progress=self._bench_progress
-            )
-            proc.check_alive()  # vLLM answers 200 streams with an error body when its core dies
-            runs.append(result.to_json(detailed=True))
+        self.watchdog = _Watchdog(proc, self.spec.stall_timeout_s)
+        try:
+            for i in range(self.spec.repeats):
+                self.progress.phase(
+                    f"benchmarking {i + 1}/{self.spec.repeats}" if self.spec.repeats > 1 else "benchmarking"
+                )
+                result = run_workload_sync(
+                    launch.base_url,
+                    self.workload,
+                    api_key=self.adapter.api_key(),
+                    on_progress=self._bench_progress,
+                    deadline_s=self.spec.bench_timeout_s,
+                )
+                if self.watchdog.fired:
+                    raise EngineCrashed(self.watchdog.reason, log_path=self.log_path)
+                proc.check_alive()  # vLLM answers 200 streams with an error body when its core dies
+                runs.append(result.to_json(detailed=True))
+        finally:
+            self.watchdog.stop()
         after = prometheus.scrape(launch.base_url)
         facts = self.adapter.engine_facts(self.events, before, after)
         facts["client_limited"] = any(r.get("client_limited") for r in runs)
@@ -147,7 +162,39 @@ class _Trial:
         return runs, facts
 
     def _bench_progress(self, p: BenchProgress) -> None:
+        # Cumulative chunks (rate × elapsed): the watchdog wants to see them grow.
+        self.watchdog.observe(p.completed + p.output_throughput * p.elapsed_s)
         self.progress.bench_progress(p.completed, p.total, p.output_throughput)
+
+
+class _Watchdog:
+    """Kills an engine that stopped producing tokens mid-benchmark (alive, /health 200, but hung):
+    without it every in-flight request would sit out its full timeout."""
+
+    def __init__(self, proc: EngineProcess, stall_s: float):
+        self.proc, self.stall_s = proc, stall_s
+        self.fired, self.reason = False, ""
+        self._seen, self._last = -1.0, time.monotonic()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
+        self._thread.start()
+
+    def observe(self, progress: float) -> None:
+        if progress > self._seen:
+            self._seen, self._last = progress, time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._done.wait(1.0):
+            if time.monotonic() - self._last > self.stall_s and self.proc.pgid is not None:
+                self.fired = True
+                self.reason = f"engine hung: no tokens for {self.stall_s:.0f}s while requests were in flight; killed it"
+                log.warning(self.reason)
+                send_group(self.proc.pgid, signal.SIGKILL)  # the streams then fail fast
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
 
 
 def run_trial(

@@ -87,6 +87,16 @@ def _model_max_len(model: str) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def scaled_startup_timeout(model: str) -> float:
+    """How long an engine may take to become ready: 300 s plus 60 s per GiB of local weights
+    (loading dominates), or 1200 s for a hub model that may be downloaded first."""
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return 1200.0
+    weights = [*path.glob("*.safetensors"), *path.glob("*.bin")]
+    return 300.0 + 60.0 * sum(f.stat().st_size for f in weights) / 2**30
+
+
 def check_job(job: TuneJob, adapter: EngineAdapter) -> None:
     """Everything that can be checked before a study is touched or an engine started."""
     problem = _model_path_problem(job.engine.model)
