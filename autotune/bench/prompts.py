@@ -39,6 +39,7 @@ from typing import Any, Literal
 import httpx
 import numpy as np
 
+from autotune.bench.lengths import sample_lengths
 from autotune.config import Dataset
 from autotune.errors import BenchmarkError
 
@@ -48,8 +49,14 @@ __all__ = [
     "PromptFormat",
     "PromptSet",
     "ServerTokenizer",
+    "TokenSource",
     "build_prompts",
+    "content_rngs",
+    "load_source",
+    "prefix_assignment",
+    "realize",
     "sample_lengths",
+    "shared_prefixes",
 ]
 
 PromptFormat = Literal["ids", "text"]
@@ -57,7 +64,8 @@ PromptFormat = Literal["ids", "text"]
 SEGMENT_TOKENS = 32  # granularity of the shuffle: small enough for variety, large enough to read
 MAX_ALIGN_TRIES = 10  # vLLM's gen_prompt_decode_to_target_len max_retry
 RESERVE_TOKENS = 64  # spare ids per text prompt for extending a tail that re-tokenized short
-PREFIX_STREAM = 0x5EED  # the shared prefix is drawn from its own stream: warm-up shares it
+PREFIX_STREAM = 0x5EED  # the shared prefixes are drawn from their own stream: warm-up shares them
+SALT_STREAM = 0x5A17  # content of a salted run (same lengths, other tokens)
 
 CORPUS = """\
 The harbour town wakes before the sun. Fishing boats leave in a line, their engines loud in the
@@ -196,37 +204,7 @@ def _one_line(text: str, limit: int = 200) -> str:
     return " ".join(text.split())[:limit]
 
 
-def sample_lengths(
-    dataset: Dataset, n: int, rng: np.random.Generator, num_special_tokens: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Input and output lengths as vLLM's random dataset draws them.
-
-    Args:
-        dataset: Lengths and range ratio.
-        n: Number of requests.
-        rng: Generator; vLLM uses ``np.random.default_rng(seed)`` and draws input lengths first.
-        num_special_tokens: Tokens the server adds to a text prompt; subtracted from the input
-            length so that the server's count lands on ``input_len`` (vLLM does the same).
-
-    Returns:
-        ``(input_lens, output_lens)``; input lengths exclude ``prefix_len`` and the specials.
-    """
-    r = dataset.range_ratio
-    real_input = max(0, dataset.input_len - num_special_tokens)
-    in_low, in_high = math.floor(real_input * (1 - r)), math.ceil(real_input * (1 + r))
-    out_low = max(math.floor(dataset.output_len * (1 - r)), 1)
-    out_high = max(math.ceil(dataset.output_len * (1 + r)), 1)
-    if dataset.prefix_len + in_low < 1:
-        raise BenchmarkError(
-            f"input_len {dataset.input_len} leaves no prompt token after {num_special_tokens} special "
-            "token(s) and the range ratio; raise input_len or prefix_len"
-        )
-    input_lens = rng.integers(in_low, in_high + 1, size=n)
-    output_lens = rng.integers(out_low, out_high + 1, size=n)
-    return input_lens, output_lens
-
-
-class _TokenSource:
+class TokenSource:
     """Draws token-id sequences from the tokenized corpus: a random start, then random segments."""
 
     def __init__(self, corpus_ids: Sequence[int]) -> None:
@@ -241,6 +219,7 @@ class _TokenSource:
         self._segments = ids[: n_segments * SEGMENT_TOKENS].reshape(n_segments, SEGMENT_TOKENS)
 
     def draw(self, rng: np.random.Generator, n: int) -> list[int]:
+        """``n`` token ids: a random stretch of the corpus, continued with random segments."""
         if n <= 0:
             return []
         start = int(rng.integers(0, len(self._ids)))
@@ -281,11 +260,78 @@ async def _text_prompt(
     return Prompt(text, count + specials, output_len, on_target=count == len(ids))
 
 
-async def _count_special_tokens(tokenizer: ServerTokenizer) -> tuple[list[int], int]:
+async def load_source(tokenizer: ServerTokenizer, fmt: PromptFormat) -> tuple[TokenSource, int]:
+    """Tokenize the corpus once; for text prompts also count the special tokens the server adds.
+
+    Returns:
+        The token source and the number of special tokens (0 for ``ids``).
+    """
+    if fmt == "ids":
+        return TokenSource(await tokenizer.tokenize(CORPUS)), 0
     plain, with_specials = await asyncio.gather(
         tokenizer.tokenize(CORPUS), tokenizer.tokenize(CORPUS, add_special_tokens=True)
     )
-    return plain, max(0, len(with_specials) - len(plain))
+    return TokenSource(plain), max(0, len(with_specials) - len(plain))
+
+
+async def realize(
+    tokenizer: ServerTokenizer,
+    source: TokenSource,
+    planned: Sequence[list[int]],
+    outputs: Sequence[int],
+    rng: np.random.Generator,
+    *,
+    fmt: PromptFormat,
+    specials: int = 0,
+) -> list[Prompt]:
+    """Turn planned token ids into prompts: as they are (``ids``) or as aligned text.
+
+    Args:
+        tokenizer: The server's tokenizer endpoints (text only).
+        source: Where spare ids for extending a short text tail come from.
+        planned: Token ids of each prompt.
+        outputs: ``max_tokens`` of each prompt.
+        rng: Generator for the spare ids.
+        fmt: ``ids`` or ``text``.
+        specials: Special tokens the server adds to each text prompt (counted in ``prompt_len``).
+    """
+    if fmt == "ids":
+        return [Prompt(ids, len(ids), out) for ids, out in zip(planned, outputs, strict=True)]
+    reserves = [source.draw(rng, RESERVE_TOKENS) for _ in planned]
+    jobs = (
+        _text_prompt(tokenizer, ids, res, specials, out)
+        for ids, res, out in zip(planned, reserves, outputs, strict=True)
+    )
+    return list(await asyncio.gather(*jobs))
+
+
+def content_rngs(seed: int, stream: int, salt: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """Generators for (lengths, content) of one prompt stream.
+
+    Lengths always come from ``default_rng(seed)`` (stream 0, vLLM's numbers) or
+    ``default_rng([seed, stream])``. Content continues that generator for salt 0; another salt
+    gives other content with the same lengths, so repeated runs do not share prompts.
+    """
+    lengths = np.random.default_rng(seed if stream == 0 else [seed, stream])
+    if salt == 0:
+        return lengths, lengths
+    return lengths, np.random.default_rng([seed, stream, SALT_STREAM, salt])
+
+
+def shared_prefixes(source: TokenSource, dataset: Dataset, seed: int, salt: int) -> list[list[int]]:
+    """The dataset's ``num_prefixes`` shared prefixes, the same for measured and warm-up prompts."""
+    rng = np.random.default_rng([seed, PREFIX_STREAM] if salt == 0 else [seed, PREFIX_STREAM, salt])
+    return [source.draw(rng, dataset.prefix_len) for _ in range(dataset.num_prefixes)]
+
+
+def prefix_assignment(n: int, num_prefixes: int, rng: np.random.Generator | None) -> list[int]:
+    """Which prefix each of ``n`` prompts gets: an even share each (as vLLM's prefix_repetition),
+    shuffled by ``rng``, or in turn when ``rng`` is None (warm-up covers every prefix first)."""
+    order = np.arange(n) % num_prefixes
+    if rng is not None and num_prefixes > 1:
+        order = rng.permutation(order)
+    out: list[int] = order.tolist()
+    return out
 
 
 async def build_prompts(
@@ -296,18 +342,21 @@ async def build_prompts(
     seed: int,
     fmt: PromptFormat = "ids",
     stream: int = 0,
+    salt: int = 0,
 ) -> PromptSet:
-    """Build ``n`` prompts of exact token length for ``dataset``.
+    """Build ``n`` single-turn prompts of exact token length for ``dataset``.
 
-    The same ``seed``, ``stream``, dataset and server tokenizer give identical prompts.
+    The same ``seed``, ``stream``, ``salt``, dataset and server tokenizer give identical prompts.
 
     Args:
         tokenizer: The server's tokenizer endpoints.
-        dataset: Input/output lengths, range ratio and shared prefix length.
+        dataset: Length distributions, shared prefix length and count.
         n: Number of prompts.
         seed: Seed; stream 0 draws lengths exactly as ``np.random.default_rng(seed)`` in vLLM.
         fmt: ``ids`` (token ids, completions only) or ``text``.
-        stream: Independent content stream for the same seed (warm-up uses 1).
+        stream: Independent content stream for the same seed (warm-up uses 1; its prompts take
+            the shared prefixes in turn, so a warm-up of ``num_prefixes`` requests warms them all).
+        salt: Other content (prefixes included) with the same lengths; 0 is the seed's own.
 
     Returns:
         The prompts, with the server's special-token count and ``max_model_len``.
@@ -315,27 +364,12 @@ async def build_prompts(
     Raises:
         BenchmarkError: The server has no usable tokenizer endpoint.
     """
-    if fmt == "text":
-        corpus_ids, specials = await _count_special_tokens(tokenizer)
-    else:
-        corpus_ids, specials = await tokenizer.tokenize(CORPUS), 0
-    source = _TokenSource(corpus_ids)
-    rng = np.random.default_rng(seed if stream == 0 else [seed, stream])
-    input_lens, output_lens = sample_lengths(dataset, n, rng, specials)
-    prefix = source.draw(np.random.default_rng([seed, PREFIX_STREAM]), dataset.prefix_len)
-    planned = [prefix + source.draw(rng, int(k)) for k in input_lens]
-    outs = [int(k) for k in output_lens]
-    if fmt == "ids":
-        prompts = [Prompt(ids, len(ids), out) for ids, out in zip(planned, outs, strict=True)]
-        return PromptSet(prompts, fmt, 0, tokenizer.max_model_len)
-    reserves = [source.draw(rng, RESERVE_TOKENS) for _ in planned]
-    prompts = list(
-        await asyncio.gather(
-            *(
-                _text_prompt(tokenizer, ids, res, specials, out)
-                for ids, res, out in zip(planned, reserves, outs, strict=True)
-            )
-        )
-    )
+    source, specials = await load_source(tokenizer, fmt)
+    lengths_rng, rng = content_rngs(seed, stream, salt)
+    input_lens, output_lens = sample_lengths(dataset, n, lengths_rng, specials)
+    prefixes = shared_prefixes(source, dataset, seed, salt)
+    which = prefix_assignment(n, dataset.num_prefixes, rng if stream == 0 else None)
+    planned = [prefixes[p] + source.draw(rng, int(k)) for p, k in zip(which, input_lens, strict=True)]
+    prompts = await realize(tokenizer, source, planned, output_lens.tolist(), rng, fmt=fmt, specials=specials)
     off = sum(not p.on_target for p in prompts)
     return PromptSet(prompts, fmt, specials, tokenizer.max_model_len, off)

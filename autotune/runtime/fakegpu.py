@@ -85,9 +85,7 @@ class FakeGpuSpec:
         head, *options = text.split(";")
         m = _HEAD.match(head)
         if not m:
-            raise ConfigError(
-                f"{FAKE_GPUS_ENV}={text!r}: start with <count>x<name>-<memory>GB, e.g. 8xH100-80GB"
-            )
+            raise ConfigError(f"{FAKE_GPUS_ENV}={text!r}: start with <count>x<name>-<memory>GB, e.g. 8xH100-80GB")
         count, name, gib = int(m.group(1)), m.group(2), int(m.group(3))
         if count < 1:
             raise ConfigError(f"{FAKE_GPUS_ENV}={text!r}: the box needs at least one GPU")
@@ -213,7 +211,5 @@ class FakeBackend:
         for pid, devices in self._engines.items():
             if pid not in engines:
                 self._gone[pid] = (devices, now)
-        self._gone = {
-            pid: (devices, t) for pid, (devices, t) in self._gone.items() if now - t < self.spec.linger_s
-        }
+        self._gone = {pid: (devices, t) for pid, (devices, t) in self._gone.items() if now - t < self.spec.linger_s}
         self._engines = engines

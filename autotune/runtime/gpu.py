@@ -33,9 +33,9 @@ __all__ = [
     "NvmlBackend",
     "default_backend",
     "idle_limit",
-    "nvlink_islands",
     "list_gpus",
     "memory_used_by_pid",
+    "nvlink_islands",
     "wait_memory_at_most",
     "wait_pids_released",
 ]

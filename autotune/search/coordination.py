@@ -26,6 +26,7 @@ import logging
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -42,6 +43,10 @@ __all__ = ["LEASE_KEY", "SEQUENTIAL_STAGES", "Coordinator"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# Optuna warns on every ask() when the storage has a heartbeat, expecting study.optimize to beat;
+# this module beats for ask/tell trials itself.
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used", category=UserWarning)
 
 #: Stages whose trials depend on the one before; one worker runs them.
 SEQUENTIAL_STAGES = frozenset({"baseline", "context", "memory_edge", "cuda_graph"})
@@ -82,6 +87,7 @@ class Coordinator:
         self._lease_seen_at = 0.0
         self._claimed: set[int] = set()
         self._lock = threading.Lock()
+        self._lease_lock = threading.Lock()  # a renewal must never overwrite "done"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         run.claim_retry = self.claim_retry
@@ -125,13 +131,17 @@ class Coordinator:
             except Exception as err:  # a storage hiccup must not end the run; the next beat retries
                 log.warning("heartbeat failed: %s", err)
 
+    def _storage(self) -> Any:
+        """The study's storage as a heartbeat store (RDBStorage, behind Optuna's cache)."""
+        return self.run.study._storage
+
     def beat(self) -> None:
         """One round: beat for this worker's running trials, renew the lease, fail stale trials."""
-        storage = self.run.study._storage
+        storage = self._storage()
         for t in self.run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if t.user_attrs.get("worker") == self.run.worker:
                 storage.record_heartbeat(t._trial_id)
-        if self._leading and self.shared:
+        if self.shared:
             self._renew()
         self.fail_stale()
 
@@ -141,13 +151,13 @@ class Coordinator:
         if not self.shared:
             return
         study = self.run.study
-        storage = study._storage
+        storage = self._storage()
         storage.record_heartbeat(storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
 
     def fail_stale(self) -> list[FrozenTrial]:
         """Fail running trials whose worker stopped beating; adopt the ones this call failed."""
         study = self.run.study
-        storage = study._storage
+        storage = self._storage()
         if not self.shared or getattr(storage, "get_heartbeat_interval", lambda: None)() is None:
             return []
         adopted: list[FrozenTrial] = []
@@ -208,9 +218,13 @@ class Coordinator:
             if self._try_lead():
                 try:
                     result = body()
-                finally:
+                except BaseException:
+                    with self._lease_lock:
+                        self._leading = False  # the lease runs out; another worker takes over
+                    raise
+                with self._lease_lock:
                     self._leading = False
-                self.run.study.set_user_attr(LEASE_KEY, {"done": True, "worker": self.run.worker})
+                    self.run.study.set_user_attr(LEASE_KEY, {"done": True, "worker": self.run.worker})
                 return result
             if not told:
                 holder = (self.run.study.user_attrs.get(LEASE_KEY) or {}).get("worker", "?")
@@ -246,12 +260,13 @@ class Coordinator:
 
     def _renew(self) -> None:
         study = self.run.study
-        current = study.user_attrs.get(LEASE_KEY) or {}
-        if current.get("done"):
-            return
-        if current.get("worker") != self.run.worker:
-            self._leading = False
-            log.warning("the sequential-stage lease was taken over by %s", current.get("worker"))
-            return
-        self._seq += 1
-        study.set_user_attr(LEASE_KEY, {"worker": self.run.worker, "host": self.host, "seq": self._seq})
+        with self._lease_lock:
+            current = study.user_attrs.get(LEASE_KEY) or {}
+            if not self._leading or current.get("done"):
+                return
+            if current.get("worker") != self.run.worker:
+                self._leading = False
+                log.warning("the sequential-stage lease was taken over by %s", current.get("worker"))
+                return
+            self._seq += 1
+            study.set_user_attr(LEASE_KEY, {"worker": self.run.worker, "host": self.host, "seq": self._seq})

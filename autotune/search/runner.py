@@ -239,7 +239,7 @@ class StudyRun:
         cfg = self.job.study
         if cfg.finalists == 0 or cfg.validation_runs == 0:
             return
-        for finalist in self._finalists(cfg.finalists):
+        for finalist in self.finalists(cfg.finalists):
             done = [t for t in self.finished(STAGE_VALIDATION) if t.user_attrs.get("validates") == finalist.number]
             for _ in range(cfg.validation_runs - len(done)):
                 if self.out_of_time():
@@ -247,7 +247,7 @@ class StudyRun:
                 self.run(STAGE_VALIDATION, explicit=finalist.user_attrs["params"], extra={"validates": finalist.number})
             self._store_validation(finalist)
 
-    def _finalists(self, n: int) -> list[FrozenTrial]:
+    def finalists(self, n: int) -> list[FrozenTrial]:
         candidates = feasible_trials(self.study)
         maximize = self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
         return sorted(candidates, key=lambda t: primary_value(t) or 0.0, reverse=maximize)[:n]

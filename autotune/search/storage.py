@@ -4,6 +4,7 @@ with a heartbeat so a trial left RUNNING by a killed tuner is failed on the next
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +51,14 @@ def _storage(url: str, heartbeat_s: int = HEARTBEAT_S) -> RDBStorage:
             # One tuner per SQLite study: a restart fails its leftovers at once (fail_stale_running).
             # Its parallel trials are threads of that tuner: let a writer wait for another's lock.
             return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-        return RDBStorage(
-            url,
-            heartbeat_interval=heartbeat_s,
-            grace_period=GRACE_BEATS * heartbeat_s,
-            engine_kwargs={"pool_pre_ping": True},
-        )
+        with warnings.catch_warnings():  # Optuna marks heartbeats experimental; they are what we need
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(
+                url,
+                heartbeat_interval=heartbeat_s,
+                grace_period=GRACE_BEATS * heartbeat_s,
+                engine_kwargs={"pool_pre_ping": True},
+            )
     except Exception as err:  # SQLAlchemy raises many kinds; all mean "cannot use this URL"
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         raise StudyError(f"cannot open study storage {_redact(url)}: {reason}; check --storage") from None

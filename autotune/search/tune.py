@@ -11,8 +11,10 @@ import hashlib
 import json
 import logging
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -30,11 +32,12 @@ from autotune.search.storage import (
     best_trial,
     default_storage_url,
     fail_stale_running,
+    load_study,
     open_study,
     study_dir,
 )
 
-__all__ = ["TuneJob", "check_job", "run_study"]
+__all__ = ["TuneJob", "check_job", "join_job", "run_study"]
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +170,28 @@ def _resume(study: optuna.Study, job: TuneJob, progress: Progress) -> None:
     reaped = reap_process_groups(pgids)
     if stale:
         progress.message(f"resumed: {len(stale)} interrupted trial(s) marked failed, {len(reaped)} engine(s) reaped")
+
+
+def join_job(
+    name: str, storage_url: str, *, engine: Mapping[str, Any], study: Mapping[str, Any]
+) -> TuneJob:
+    """The job of an existing study, as its first worker stored it, for another worker to join.
+
+    ``engine`` and ``study`` override what is local to this worker: the engine's Python or
+    command and environment (never stored), the results folder, slots and GPUs.
+
+    Raises:
+        StudyError: When the study does not exist or was not created by ``autotune tune``.
+    """
+    config = load_study(name, storage_url).user_attrs.get("config")
+    if not config:
+        raise StudyError(f"study {name!r} holds no autotune job; start it with `autotune tune` first")
+    return TuneJob(
+        engine=EngineSettings.model_validate({**config["engine"], **engine}),
+        space=SearchSpace.model_validate(config["space"]),
+        workload=Workload.model_validate(config["workload"]),
+        study=StudySettings.model_validate({**config["study"], **study, "name": name, "storage": storage_url}),
+    )
 
 
 def run_study(job: TuneJob, progress: Progress | None = None) -> FrozenTrial | None:

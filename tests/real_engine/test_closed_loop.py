@@ -41,10 +41,36 @@ def _engines_of(marker: str) -> list[int]:
 
 def _tune_cmd(results: Path, vllm_python: str, tiny_model: str) -> list[str]:
     return [
-        sys.executable, "-m", "autotune.cli", "tune", "--study", "loop", "--engine", "vllm",
-        "--python", vllm_python, "--model", tiny_model, "--env", "VLLM_CPU_KVCACHE_SPACE=1",
-        "--env", "HF_HUB_OFFLINE=1", "--space", "vllm-cpu", "--workload", "cpu-quick",
-        "--method", "search", "--trials", "3", "--finalists", "0", "--results", str(results), "--seed", "0",
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "tune",
+        "--study",
+        "loop",
+        "--engine",
+        "vllm",
+        "--python",
+        vllm_python,
+        "--model",
+        tiny_model,
+        "--env",
+        "VLLM_CPU_KVCACHE_SPACE=1",
+        "--env",
+        "HF_HUB_OFFLINE=1",
+        "--space",
+        "vllm-cpu",
+        "--workload",
+        "cpu-quick",
+        "--method",
+        "search",
+        "--trials",
+        "3",
+        "--finalists",
+        "0",
+        "--results",
+        str(results),
+        "--seed",
+        "0",
     ]
 
 
@@ -101,8 +127,13 @@ def _relaunch_matches_trial(script: Path, tmp_path: Path, env: dict[str, str], s
     log_path = tmp_path / "relaunch.log"
     port = "18931"
     with log_path.open("w") as log:
-        proc = subprocess.Popen(["bash", str(script)], env={**env, "PORT": port}, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", str(script)],
+            env={**env, "PORT": port},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:

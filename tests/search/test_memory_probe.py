@@ -50,8 +50,15 @@ def test_start_already_too_high_steps_down() -> None:
 
 
 def test_peak_workload_is_longest_requests_all_at_once() -> None:
-    wl = parse_model(Workload, {"dataset": {"input_len": 1000, "output_len": 200, "range_ratio": 0.5},
-                                "slos": {"p95_ttft_ms": 100}, "arrival": {"request_rate": 4}}, "t")
+    wl = parse_model(
+        Workload,
+        {
+            "dataset": {"input_len": 1000, "output_len": 200, "range_ratio": 0.5},
+            "slos": {"p95_ttft_ms": 100},
+            "arrival": {"request_rate": 4},
+        },
+        "t",
+    )
     peak = peak_workload(wl, 128)
     assert peak.dataset.input_len == 1500 and peak.dataset.output_len == 300 and peak.dataset.range_ratio == 0
     assert peak.arrival.concurrency == 128 and math.isinf(peak.arrival.request_rate)
@@ -67,10 +74,17 @@ def test_conservativeness_rule() -> None:
 def test_budget_leaves_room_for_the_search() -> None:
     from autotune.config import SearchSpace
 
-    space = parse_model(SearchSpace, {"params": {
-        "memory_fraction": {"type": "float", "low": 0.8, "high": 0.96, "step": 0.02},
-        "cuda_graph_max_bs": {"type": "categorical", "choices": [256, 512, 768]},
-        "max_running": {"type": "int", "low": 8, "high": 512}}}, "t")
+    space = parse_model(
+        SearchSpace,
+        {
+            "params": {
+                "memory_fraction": {"type": "float", "low": 0.8, "high": 0.96, "step": 0.02},
+                "cuda_graph_max_bs": {"type": "categorical", "choices": [256, 512, 768]},
+                "max_running": {"type": "int", "low": 8, "high": 512},
+            }
+        },
+        "t",
+    )
     budget = plan_budget(20, space)
     assert budget["memory_edge"] >= 3 and budget["cuda_graph"] == 2
     assert budget["scenario"] >= 7

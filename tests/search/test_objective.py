@@ -46,8 +46,17 @@ def test_nan_latency_is_a_violation_not_a_pass() -> None:
 
 
 def test_multi_objective_values_and_throughput_floor() -> None:
-    wl = parse_model(Workload, {"objective": {"metric": "output_throughput", "also": [
-        {"metric": "p95_ttft_ms", "direction": "minimize"}], "throughput_floor": 1000}}, "t")
+    wl = parse_model(
+        Workload,
+        {
+            "objective": {
+                "metric": "output_throughput",
+                "also": [{"metric": "p95_ttft_ms", "direction": "minimize"}],
+                "throughput_floor": 1000,
+            }
+        },
+        "t",
+    )
     s = score(Outcome.OK, {"output_throughput": 800.0, "p95_ttft_ms": 120.0, "error_rate": 0.0}, wl)
     assert s.values == [800.0, 120.0]
     assert s.violations["throughput_floor"] == 0.2

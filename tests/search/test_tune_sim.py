@@ -137,9 +137,30 @@ def test_kill_9_mid_trial_then_resume(tmp_path: Path) -> None:
     wl_file = tmp_path / "wl.json"
     wl_file.write_text(json.dumps({**WORKLOAD, "num_prompts": 200}))
     cmd = [
-        sys.executable, "-m", "autotune.cli", "tune", "--study", "k", "--engine", "sim", "--method", "search",
-        "--space", str(space_file), "--workload", str(wl_file), "--trials", "3", "--finalists", "0",
-        "--results", str(tmp_path), "--seed", "3", "--sim-speedup", "5",
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "tune",
+        "--study",
+        "k",
+        "--engine",
+        "sim",
+        "--method",
+        "search",
+        "--space",
+        str(space_file),
+        "--workload",
+        str(wl_file),
+        "--trials",
+        "3",
+        "--finalists",
+        "0",
+        "--results",
+        str(tmp_path),
+        "--seed",
+        "3",
+        "--sim-speedup",
+        "5",
     ]
     env = {**os.environ, "AUTOTUNE_SIM_SEED": "0", "MARK_RESULTS": str(tmp_path)}
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

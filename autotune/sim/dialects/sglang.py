@@ -570,9 +570,12 @@ class SglangDialect(Dialect):
             self._prefill_line(batch, now)
 
     def _pool_state(self) -> tuple[int, int, float, int, int]:
+        """(used tokens, evictable tokens, usage, running, queued) over the data-parallel ranks."""
         engines = self.engines.engines
         pools = [e.scheduler.pool for e in engines]
-        used = sum(p.used_blocks for p in pools) * PAGE
+        # SGLang counts tokens, the model pages: leave out the unfilled tail of each last page.
+        tails = sum(len(r.blocks) * PAGE - r.computed for e in engines for r in e.scheduler.held() if r.blocks)
+        used = sum(p.used_blocks for p in pools) * PAGE - tails
         evictable = sum(p.evictable_blocks for p in pools) * PAGE
         usage = used / max(1, sum(p.num_blocks for p in pools) * PAGE)
         running = sum(len(e.scheduler.running) for e in engines)

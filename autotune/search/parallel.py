@@ -1,0 +1,441 @@
+"""Trials at the same time: several per box, each on its own GPU group, and many boxes per study.
+
+On one box, ``parallel`` slots (threads) each run trials through the shared
+:class:`~autotune.search.runner.StudyRun`; every trial holds a group of TP × PP × DP GPUs from
+the :class:`~autotune.runtime.allocator.GpuAllocator` for as long as its engine lives, and its
+engine sees only that group (``CUDA_VISIBLE_DEVICES``). Without GPUs, parallelism is bounded by
+the CPU cores (an engine and the load generator per trial). Several boxes cooperate through the
+study's storage (:mod:`autotune.search.coordination`).
+
+The stages keep their order: the sequential ones (baseline, context, memory edge, graph coverage)
+run one trial at a time on one worker, because each step depends on the one before, and the
+other workers wait for them. The scenario search (or the plain search) and the validation re-runs
+then use every slot of every worker. A quota is shared: a slot starts another trial only while
+finished + running + about-to-start trials of that kind stay below it, so N slots do not
+overshoot it by N − 1. Before validation every worker waits until no search trial runs anywhere,
+so all workers pick the same finalists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import CategoricalParam, IntParam, SearchSpace
+from autotune.engines.base import EngineAdapter
+from autotune.errors import ConfigError
+from autotune.runtime.allocator import AllocatorClosed, GpuAllocator
+from autotune.runtime.gpu import default_backend, list_gpus
+from autotune.search.coordination import Coordinator
+from autotune.search.progress import Progress
+from autotune.search.runner import STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun
+from autotune.search.stages import (
+    SCENARIOS,
+    _conservativeness_next,
+    _skip,
+    _snap_to_space,
+    memory_edge,
+    plan_budget,
+    scenario_of,
+    sequential_stages,
+)
+from autotune.search.storage import superseded
+
+__all__ = ["Slots", "gpus_per_trial", "plan_slots", "run_scaled", "scales_out"]
+
+log = logging.getLogger(__name__)
+
+#: CPU cores one trial keeps busy without a GPU: the engine and the load generator.
+CORES_PER_CPU_TRIAL = 2
+#: Spellings of the parallel sizes whose product is a trial's GPU count, besides the adapter's knobs.
+_SIZE_FLAGS = {
+    "tensor_parallel": ("--tensor-parallel-size", "--tp-size", "--tp"),
+    "pipeline_parallel": ("--pipeline-parallel-size", "--pp-size", "--pp"),
+    "data_parallel": ("--data-parallel-size", "--dp-size", "--dp"),
+}
+_POLL_S = 1.0
+
+
+def scales_out(job: Any) -> bool:
+    """Whether the job runs through this module: several slots, a GPU subset, or a shared storage."""
+    study = job.study
+    return study.parallel != 1 or study.gpus is not None or not job.storage_url.startswith("sqlite")
+
+
+# ------------------------------------------------------------------------------ group sizes
+def _size_flags(adapter: EngineAdapter, knob: str) -> tuple[str, ...]:
+    own = adapter.knobs.get(knob)
+    return (own, *_SIZE_FLAGS[knob]) if own else _SIZE_FLAGS[knob]
+
+
+def gpus_per_trial(adapter: EngineAdapter, flags: Mapping[str, Any]) -> int:
+    """GPUs an engine launched with ``flags`` uses: TP × PP × DP (1 when none is set)."""
+    size = 1
+    for knob in _SIZE_FLAGS:
+        value = next((flags[f] for f in _size_flags(adapter, knob) if flags.get(f) is not None), 1)
+        size *= int(value)
+    return size
+
+
+def _value_range(param: Any) -> tuple[int, int] | None:
+    if isinstance(param, IntParam):
+        return param.low, param.high
+    if isinstance(param, CategoricalParam):
+        sizes = [int(c) for c in param.choices if isinstance(c, int) and not isinstance(c, bool)]
+        return (min(sizes), max(sizes)) if sizes else None
+    return None
+
+
+def size_bounds(job: Any, adapter: EngineAdapter) -> tuple[int, int]:
+    """The smallest and largest GPU group any trial of the job can need."""
+    fixed = adapter.to_flags({**job.engine.fixed_flags, **job.space.fixed})
+    low = high = 1
+    for knob in _SIZE_FLAGS:
+        names = _size_flags(adapter, knob)
+        searched = [
+            r
+            for name, p in job.space.params.items()
+            if (r := _value_range(p)) and next(iter(adapter.to_flags({name: None}))) in names
+        ]
+        if searched:
+            low, high = low * searched[0][0], high * searched[0][1]
+        else:
+            value = int(next((fixed[f] for f in names if fixed.get(f) is not None), 1))
+            low, high = low * value, high * value
+    return low, high
+
+
+# ------------------------------------------------------------------------------ slots
+@dataclass
+class Slots:
+    """How many trials run at once on this box, and where each one runs."""
+
+    count: int
+    placement: Placement
+    allocator: GpuAllocator | None
+    note: str
+
+
+def _no_env(flags: dict[str, Any]) -> contextlib.AbstractContextManager[Mapping[str, str]]:
+    return contextlib.nullcontext({})
+
+
+def plan_slots(job: Any, adapter: EngineAdapter) -> Slots:
+    """Size the box: free GPUs (NVML, or ``AUTOTUNE_FAKE_GPUS``) and group sizes, else CPU cores.
+
+    Raises:
+        ConfigError: ``--gpus`` without GPUs, or a group larger than the free GPUs.
+    """
+    backend = default_backend()
+    wanted = job.study.parallel
+    if backend is None or not list_gpus(backend):
+        if job.study.gpus is not None:
+            raise ConfigError("--gpus was given but NVML finds no GPU on this machine; drop --gpus")
+        cores = os.cpu_count() or 1
+        bound = max(1, cores // CORES_PER_CPU_TRIAL)
+        count = bound if wanted == "auto" else min(wanted, bound)
+        note = (
+            f"no GPU: {count} trial(s) at once, bounded by {cores} CPU core(s) "
+            f"({CORES_PER_CPU_TRIAL} per trial: the engine and the load generator)"
+        )
+        return Slots(count, _no_env, None, note)
+    allocator = GpuAllocator(backend, job.study.gpus)
+    low, high = size_bounds(job, adapter)
+    if high > len(allocator.pool):
+        raise ConfigError(
+            f"trials need up to {high} GPUs (TP × PP × DP) but {len(allocator.pool)} are free "
+            f"({', '.join(map(str, allocator.pool))}); lower the parallel sizes or free GPUs"
+        )
+    fit = allocator.groups_at_once(low)
+    count = fit if wanted == "auto" else min(wanted, fit)
+    sizes = f"{low} GPU(s) per trial" if low == high else f"{low}–{high} GPUs per trial"
+    note = f"{count} trial(s) at once on GPUs {','.join(map(str, allocator.pool))} ({sizes})"
+    if wanted != "auto" and wanted > fit:
+        note += f"; --parallel {wanted} capped: only {fit} group(s) fit"
+    if allocator.skipped:
+        note += "; skipped " + "; ".join(f"GPU {d} ({why})" for d, why in allocator.skipped.items())
+
+    @contextlib.contextmanager
+    def on_group(flags: dict[str, Any]) -> Iterator[Mapping[str, str]]:
+        with allocator.lease(gpus_per_trial(adapter, flags)) as group:
+            yield group.env()
+
+    return Slots(count, on_group, allocator, note)
+
+
+# ------------------------------------------------------------------------------ progress
+class _ThreadProgress:
+    """Serialises the observer for several slots and labels phases with their trial."""
+
+    def __init__(self, inner: Progress, on_started: Callable[[int], None]):
+        self._inner, self._on_started = inner, on_started
+        self._lock = threading.RLock()
+        self._local = threading.local()
+
+    def study_started(self, study: str, total: int, done: int) -> None:
+        with self._lock:
+            self._inner.study_started(study, total, done)
+
+    def trial_started(self, number: int, stage: str, params: dict[str, Any]) -> None:
+        self._local.number = number
+        self._on_started(number)
+        with self._lock:
+            self._inner.trial_started(number, stage, params)
+
+    def phase(self, name: str) -> None:
+        number = getattr(self._local, "number", None)
+        with self._lock:
+            self._inner.phase(name if number is None else f"trial {number}: {name}")
+
+    def bench_progress(self, completed: int, total: int, output_tps: float) -> None:
+        with self._lock:
+            self._inner.bench_progress(completed, total, output_tps)
+
+    def trial_finished(self, summary: dict[str, Any]) -> None:
+        with self._lock:
+            self._inner.trial_finished(summary)
+
+    def message(self, text: str) -> None:
+        with self._lock:
+            self._inner.message(text)
+
+
+# ------------------------------------------------------------------------------ shared quotas
+@dataclass(frozen=True)
+class _Task:
+    """Trials of one kind to fill up to ``quota`` (across every slot of every worker)."""
+
+    key: str
+    match: Callable[[FrozenTrial], bool]
+    quota: int
+    start: Callable[[bool], Any]  # runs one trial; the flag says it is the first of its kind
+
+
+class _Gate:
+    """Counts a task's trials: finished (not replaced by a retry) + running anywhere + reserved
+    by a slot of this worker whose trial is not in the storage yet."""
+
+    def __init__(self, run: StudyRun):
+        self.run = run
+        self._lock = threading.Lock()
+        self._pending: dict[int, str] = {}  # thread id → task key
+
+    def count(self, match: Callable[[FrozenTrial], bool]) -> int:
+        trials = self.run.trials()
+        replaced = superseded(trials)
+        return sum(
+            1
+            for t in trials
+            if match(t) and (t.state == TrialState.RUNNING or (t.state.is_finished() and t.number not in replaced))
+        )
+
+    def running(self, match: Callable[[FrozenTrial], bool]) -> int:
+        return sum(1 for t in self.run.trials() if match(t) and t.state == TrialState.RUNNING)
+
+    def reserve(self, task: _Task) -> int | None:
+        """Reserve a trial of ``task`` for this thread; returns how many there were, or None when full."""
+        with self._lock:
+            have = self.count(task.match) + sum(1 for key in self._pending.values() if key == task.key)
+            if have >= task.quota:
+                return None
+            self._pending[threading.get_ident()] = task.key
+            return have
+
+    def visible(self) -> None:
+        """This thread's trial is in the storage now (or never will be)."""
+        with self._lock:
+            self._pending.pop(threading.get_ident(), None)
+
+
+# ------------------------------------------------------------------------------ the phases
+class _Scaled:
+    """One worker's run of the job over its slots."""
+
+    def __init__(self, run: StudyRun, slots: Slots, shared: bool):
+        self.run, self.slots, self.job = run, slots, run.job
+        self.gate = _Gate(run)
+        self.coord = Coordinator(run, shared=shared, heartbeat_s=self.job.study.heartbeat_s)
+        run.progress = self.progress = _ThreadProgress(run.progress, self._trial_visible)
+        run.placement = slots.placement
+        self.stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._errors: list[BaseException] = []
+
+    def _trial_visible(self, number: int) -> None:
+        self.gate.visible()
+        self.coord.beat_trial(number)
+
+    # -- the method
+    def run_method(self) -> None:
+        study, run = self.job.study, self.run
+        if study.method == "memory":
+
+            def edge_only() -> None:
+                run.baseline()
+                memory_edge(run, study.trials, {}, study.memory_probe)
+
+            self.coord.sequential(edge_only)
+            return
+        if study.method == "staged":
+            budget = plan_budget(study.trials, self.job.space)
+            fixed = self.coord.sequential(lambda: sequential_stages(run, budget, study.memory_probe))
+            self._scenario(budget["scenario"], fixed)
+        else:
+
+            def baseline() -> None:
+                run.retry_failed()
+                run.baseline()
+
+            self.coord.sequential(baseline)
+            search = _Task(
+                STAGE_SEARCH,
+                lambda t: t.user_attrs.get("stage") == STAGE_SEARCH,
+                study.trials,
+                lambda first: run.run(STAGE_SEARCH, sample=self.job.space),
+            )
+            self._fill([search])
+        self._validate()
+
+    def _scenario(self, quota: int, fixed: dict[str, Any]) -> None:
+        run = self.run
+        rest = SearchSpace(params={k: v for k, v in self.job.space.params.items() if k not in fixed})
+        if not rest.params:
+            _skip(run, "scenario", "every knob of the space was decided by earlier stages")
+            return
+        scenario = scenario_of(self.job.workload)
+        # Only the worker that ran the sequential stages seeds the search, so two workers never
+        # both run the articles' starting point.
+        opening = _snap_to_space(rest, SCENARIOS[scenario]) if self.coord.led else None
+        follow: dict[int, dict[str, Any] | None] = {}  # thread → hint from its last result
+
+        def start(first: bool) -> None:
+            me = threading.get_ident()
+            hint = opening if first and opening is not None else follow.get(me)
+            if first and opening is not None:
+                run.progress.message(f"scenario search ({scenario} workload): first trial from the articles' {hint}")
+            result = run.run("scenario", explicit=fixed, sample=rest, hint=hint)
+            follow[me] = _conservativeness_next(run, rest, result.facts, result.flags)
+
+        self._fill([_Task("scenario", lambda t: t.user_attrs.get("stage") == "scenario", quota, start)])
+
+    def _validate(self) -> None:
+        cfg, run = self.job.study, self.run
+        if cfg.finalists == 0 or cfg.validation_runs == 0:
+            return
+        tasks = [self._validation_task(f) for f in run.finalists(cfg.finalists)]
+        self._fill(tasks)
+        run.validate()  # every re-run is done: this only stores each finalist's median and spread
+
+    def _validation_task(self, finalist: FrozenTrial) -> _Task:
+        number, params = finalist.number, finalist.user_attrs["params"]
+        return _Task(
+            f"validation:{number}",
+            lambda t: t.user_attrs.get("stage") == STAGE_VALIDATION and t.user_attrs.get("validates") == number,
+            self.job.study.validation_runs,
+            lambda first: self.run.run(STAGE_VALIDATION, explicit=params, extra={"validates": number}),
+        )
+
+    # -- filling quotas on every slot
+    def _fill(self, tasks: list[_Task]) -> None:
+        """Run the tasks' trials on every slot until each quota is met and nothing of them runs
+        anywhere (other workers' trials included)."""
+        while not self.stopping.is_set():
+            self._on_slots(lambda: self._slot(tasks))
+            self._settle(tasks)
+            done = all(self.gate.count(t.match) >= t.quota for t in tasks)
+            if done or self.run.out_of_time():
+                return
+
+    def _slot(self, tasks: list[_Task]) -> None:
+        run = self.run
+        while not self.stopping.is_set() and not run.out_of_time():
+            run.retry_failed()
+            reserved = next(((task, have) for task in tasks if (have := self.gate.reserve(task)) is not None), None)
+            if reserved is None:
+                return
+            task, have = reserved
+            try:
+                task.start(have == 0)
+            except (UpdateFinishedTrialError, AllocatorClosed):
+                if self.stopping.is_set():
+                    return
+                # Another worker failed this trial after missed heartbeats; it re-runs it.
+                run.progress.message("a trial of this worker was failed by another worker (missed heartbeats)")
+            finally:
+                self.gate.visible()
+
+    def _settle(self, tasks: list[_Task]) -> None:
+        """Wait until no trial of the tasks runs anywhere, re-running failures this worker owns."""
+        told = False
+        while not self.stopping.is_set():
+            self.run.retry_failed()
+            running = sum(self.gate.running(t.match) for t in tasks)
+            if not running:
+                return
+            if not told:
+                self.progress.message(f"waiting for {running} trial(s) of other workers to finish")
+                told = True
+            time.sleep(_POLL_S)
+
+    def _on_slots(self, body: Callable[[], None]) -> None:
+        """Run ``body`` on every slot (thread) and wait; the first error stops them all."""
+
+        def guarded() -> None:
+            try:
+                body()
+            except BaseException as err:
+                self._errors.append(err)
+
+        self._threads = [
+            threading.Thread(target=guarded, name=f"autotune-slot-{i}", daemon=True) for i in range(self.slots.count)
+        ]
+        for thread in self._threads:
+            thread.start()
+        # join() in short steps: the main thread must stay responsive to Ctrl-C.
+        while any(t.is_alive() for t in self._threads) and not self._errors:
+            for thread in self._threads:
+                thread.join(timeout=0.2)
+        if self._errors:
+            self.abort()
+            raise self._errors[0]
+
+    def abort(self) -> None:
+        """Stop every slot now: no new trials, waiting ones released, running ones failed as
+        interrupted and their engines ended (a resume re-runs them)."""
+        self.stopping.set()
+        if self.slots.allocator is not None:
+            self.slots.allocator.close()
+        self.coord.abandon_running()
+        deadline = time.monotonic() + 30
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def run_scaled(run: StudyRun) -> None:
+    """Run ``run``'s job on every slot of this box, cooperating with any other worker of the study."""
+    job = run.job
+    slots = plan_slots(job, run.adapter)
+    shared = not job.storage_url.startswith("sqlite")
+    if shared:
+        # Workers started with the same --seed would draw the same random start-up points.
+        run.study.sampler.reseed_rng()
+    scaled = _Scaled(run, slots, shared=shared)
+    scaled.progress.message(slots.note)
+    try:
+        with scaled.coord:
+            scaled.run_method()
+    except BaseException:
+        scaled.abort()
+        raise
+    finally:
+        if slots.allocator is not None:
+            slots.allocator.close()
