@@ -233,6 +233,10 @@ def tune(
     heartbeat: Annotated[
         int, typer.Option(min=1, help="Seconds between heartbeats on a shared storage; 3 missed = worker dead.")
     ] = 30,
+    bench_client: Annotated[
+        str | None,
+        typer.Option(help="Measuring instrument, overriding the workload's: autotune | vllm-bench | sglang-bench."),
+    ] = None,
 ) -> None:
     """Create or resume a study: baseline, the tuning stages (or a plain search), then validation.
 
@@ -256,7 +260,7 @@ def tune(
         job = TuneJob(
             engine=settings,
             space=load_yaml(space_path, SearchSpace),
-            workload=load_yaml(_resolve_file(workload, "workloads"), Workload),
+            workload=_with_client(load_yaml(_resolve_file(workload, "workloads"), Workload), bench_client),
             study=parse_model(
                 StudySettings,
                 {
@@ -282,6 +286,13 @@ def tune(
     except AutotuneError as err:
         raise _fail(err) from None
     _run_job(job)
+
+
+def _with_client(workload: Workload, client: str | None) -> Workload:
+    """The workload measured with ``client`` (``--bench-client``), validated like the YAML field."""
+    if client is None:
+        return workload
+    return parse_model(Workload, {**workload.model_dump(exclude_unset=True), "client": client}, "--bench-client")
 
 
 def _run_job(job: TuneJob) -> None:

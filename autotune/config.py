@@ -499,6 +499,7 @@ class CapacitySearch(StrictModel):
     high: float | None = Field(default=None, gt=0, description="Stop doubling above this (default 10000 or 4096).")
     rel_tol: float = Field(default=0.1, gt=0, lt=1, description="Stop when the bracket is this narrow (relative).")
     max_runs: int = Field(default=8, ge=2, description="Most benchmark runs one search may make.")
+    confirm: bool = Field(default=True, description="Re-run the level found; a failure there moves the search down.")
     seconds_per_run: float | None = Field(
         default=None, gt=0, description="Size each rate run to about this many seconds of arrivals."
     )
@@ -566,6 +567,18 @@ class Workload(StrictModel):
     )
     capacity: CapacitySearch = Field(
         default_factory=CapacitySearch, description="Settings of the capacity search (max_slo_rate)."
+    )
+    client: Literal["autotune", "vllm-bench", "sglang-bench"] = Field(
+        default="autotune",
+        description="The measuring instrument: autotune's load generator, or the engine's own `vllm bench serve` "
+        "/ `python -m sglang.bench_serving` run from the engine's Python (random datasets only).",
+    )
+    quality_min_agreement: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Compare each trial's greedy answers to fixed prompts with the baseline's; below this "
+        "agreement (0–1) the trial is infeasible. Use with lossy knobs (fp8 KV, quantization, speculation).",
     )
 
     @field_validator("slos")

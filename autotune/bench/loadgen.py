@@ -1,43 +1,54 @@
 """The load generator: drive a :class:`~autotune.config.Workload` against an OpenAI-compatible server.
 
-A run mirrors ``vllm bench serve``: warm-up requests first (excluded), then one task per request
-released on the precomputed arrival schedule and gated by a semaphore when the workload caps
-concurrency; the duration runs from just before the first dispatch to after the last request.
-Metric definitions live in :mod:`autotune.bench.metrics`, per-request timing in
-:mod:`autotune.bench.stream`, prompt construction in :mod:`autotune.bench.prompts`, the client
-self-check in :mod:`autotune.bench.selfcheck` and the result types in :mod:`autotune.bench.result`.
+A run mirrors ``vllm bench serve``: the engine's prefix cache is reset where it allows it, warm-up
+requests go first (excluded), then sessions (single requests, for single-turn datasets) are
+released on the precomputed arrival schedule and every request is gated by a semaphore when the
+workload caps concurrency; the duration runs from the first planned dispatch to after the last
+request. Each run draws fresh prompt content with the same lengths (a per-run *salt*), so repeats
+against one engine do not hit each other's prefix cache; shared prefixes stay shared within a run.
+
+Modules: what to send in :mod:`~autotune.bench.plan` (lengths in :mod:`~autotune.bench.lengths`,
+exact-length prompts in :mod:`~autotune.bench.prompts`), request bodies and histories in
+:mod:`~autotune.bench.bodies`, arrivals in :mod:`~autotune.bench.arrivals`, the event-loop run in
+:mod:`~autotune.bench.dispatch`, sharding over processes in :mod:`~autotune.bench.workers`,
+per-request timing in :mod:`~autotune.bench.stream`, metrics in :mod:`~autotune.bench.metrics`,
+the client self-check in :mod:`~autotune.bench.selfcheck`, results in :mod:`~autotune.bench.result`.
 
 The client must not be the bottleneck, so it keeps connections alive without a cap (httpx's
 default of 100 silently caps concurrency) through :class:`~autotune.bench.transport.ClientLanes`,
-builds every request before the run, keeps tokenizers off the hot path, and freezes the GC heap
-during the run (as vLLM does). It then checks itself: a run whose event loop lagged, whose sends
-fell behind the schedule, or whose loop thread was CPU-bound is flagged ``client_limited`` with
-the reason.
+builds every request before the run, keeps tokenizers off the hot path, freezes the GC heap
+during the run (as vLLM does), and above a few dozen concurrent streams or ~150 requests/s
+shards the run over worker processes (:func:`auto_workers`). It then checks itself: a run whose
+event loop lagged, whose sends fell behind the schedule, or whose loop thread was CPU-bound is
+flagged ``client_limited`` with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
-import json
+import itertools
 import math
 import resource
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from time import perf_counter
+from time import monotonic
 
 import httpx
 import numpy as np
 
-from autotune.bench.arrivals import arrival_offsets
+from autotune.bench.arrivals import schedule
+from autotune.bench.bodies import RequestFactory, RequestShape
+from autotune.bench.cache import reset_prefix_cache
+from autotune.bench.dispatch import Dispatcher, Shard, ShardOutcome
 from autotune.bench.metrics import RequestRecord, compute_metrics, request_slos, workload_percentiles
-from autotune.bench.prompts import Prompt, PromptFormat, PromptSet, ServerTokenizer, build_prompts
+from autotune.bench.plan import Plan, Session, build_plan
+from autotune.bench.prompts import PromptFormat, ServerTokenizer
 from autotune.bench.result import BenchProgress, BenchResult
-from autotune.bench.selfcheck import ClientCheck, assess_client, probe_loop
-from autotune.bench.stream import LiveCounters, stream_request
-from autotune.bench.transport import ClientLanes, make_client, request_timeout
+from autotune.bench.selfcheck import ClientCheck, assess_client
+from autotune.bench.stream import LiveCounters
+from autotune.bench.transport import ClientLanes, make_client
+from autotune.bench.workers import WorkerJob, WorkerPool, available_cpus, make_shards, split_concurrency
 from autotune.config import Workload
 from autotune.errors import BenchmarkError
 
@@ -45,6 +56,7 @@ __all__ = [
     "BenchProgress",
     "BenchResult",
     "ClientCheck",
+    "auto_workers",
     "run_workload",
     "run_workload_sync",
 ]
@@ -53,6 +65,14 @@ PROGRESS_INTERVAL_S = 0.25
 DEADLINE_GRACE_S = 30.0
 WARMUP_STREAM = 1  # prompt stream of the warm-up requests: same shapes, different content
 ARRIVAL_STREAM = 2  # random stream of the arrival schedule, independent of the prompts
+# One worker process per this many concurrent streams or requests/s (benchmarks/README.md: one
+# httpx event loop keeps its timestamps right up to a few dozen streams and ~200 requests/s).
+STREAMS_PER_WORKER = 48
+REQUEST_RATE_PER_WORKER = 150.0
+MAX_AUTO_WORKERS = 8
+EXPONENTIAL_THINK_BOUND = 10.0  # an exponential think time is bounded by this many means (deadline only)
+
+_salts = itertools.count()  # one fresh salt per run in this process: 0, 1, 2, ...
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -92,78 +112,74 @@ async def _served_model(client: httpx.AsyncClient, base: str, headers: dict[str,
 
 
 def _resolve_format(w: Workload, fmt: PromptFormat | None) -> PromptFormat:
-    if w.endpoint == "chat":
-        if fmt == "ids":
-            raise BenchmarkError("chat requests need text prompts; use prompt_format='text' or omit it")
-        return "text"
-    return fmt or "ids"
-
-
-def _body(w: Workload, model: str, prompt: Prompt) -> bytes:
-    """The request body, serialized once before the run."""
-    common = {
-        "model": model,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-        "temperature": 0.0,  # SGLang's chat defaults come from the model's generation_config
-    }
-    if w.endpoint == "chat":
-        body = {
-            "messages": [{"role": "user", "content": prompt.prompt}],
-            "max_completion_tokens": prompt.output_len,
-            **common,
-        }
-    else:
-        body = {"prompt": prompt.prompt, "max_tokens": prompt.output_len, **common}
-    return json.dumps(body, separators=(",", ":")).encode()
+    text_only = "chat requests" if w.endpoint == "chat" else None
+    if w.dataset.kind != "random":
+        text_only = f"{w.dataset.kind} datasets"
+    if text_only is None:
+        return fmt or "ids"
+    if fmt == "ids":
+        raise BenchmarkError(f"{text_only} need text prompts; use prompt_format='text' or omit it")
+    return "text"
 
 
 def _route(w: Workload) -> str:
     return "/v1/chat/completions" if w.endpoint == "chat" else "/v1/completions"
 
 
-def _requests(
-    w: Workload, url: str, model: str, prompts: Sequence[Prompt], headers: dict[str, str]
-) -> list[httpx.Request]:
-    """Every request of a phase, built before it starts (URL and header handling cost CPU)."""
-    timeout = {"timeout": request_timeout(w.request_timeout_s).as_dict()}
-    return [
-        httpx.Request("POST", url, content=_body(w, model, p), headers=headers, extensions=timeout) for p in prompts
-    ]
+def _peak_rate(w: Workload) -> float:
+    ramp = w.arrival.ramp_up
+    return max(ramp.start_rps, ramp.end_rps) if ramp is not None else w.arrival.request_rate
 
 
-@contextlib.contextmanager
-def _frozen_gc() -> Iterator[None]:
-    """vLLM freezes the GC heap before the run so collections do not stall the event loop."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
+def auto_workers(w: Workload, cpus: int) -> int:
+    """Worker processes for a run: one per ``STREAMS_PER_WORKER`` concurrent streams (the cap, or
+    every session when all start at once) or per ``REQUEST_RATE_PER_WORKER`` requests/s, at most
+    one per CPU and ``MAX_AUTO_WORKERS``."""
+    rate = _peak_rate(w)
+    in_flight = w.arrival.concurrency or (w.num_prompts if math.isinf(rate) else 0)
+    need = math.ceil(in_flight / STREAMS_PER_WORKER)
+    if not math.isinf(rate):
+        need = max(need, math.ceil(rate / REQUEST_RATE_PER_WORKER))
+    return max(1, min(cpus, MAX_AUTO_WORKERS, need))
+
+
+def _default_deadline(w: Workload, span_s: float, turns: int) -> float:
+    """An outer bound no legitimate run reaches: the arrival span plus, per wave of
+    ``concurrency`` sessions, one request timeout and one think time per turn. It catches a stuck
+    client, not a slow server."""
+    waves = math.ceil(w.num_prompts / (w.arrival.concurrency or w.num_prompts))
+    d = w.dataset
+    think = d.think_time_s * (EXPONENTIAL_THINK_BOUND if d.think_time == "exponential" else 1.0)
+    return span_s + waves * turns * (w.request_timeout_s + think) + DEADLINE_GRACE_S
 
 
 class _Progress:
-    """Counts finished requests and calls the user's callback, throttled."""
+    """Counts finished requests of one phase and calls the user's callback, throttled."""
 
-    def __init__(self, phase: str, total: int, live: LiveCounters, callback: Callable[[BenchProgress], None] | None):
-        self.phase, self.total, self.live, self.callback = phase, total, live, callback
-        self.completed = self.failed = 0
-        self.start = self.last_call = perf_counter()
-        self.chunks0 = live.token_chunks
+    def __init__(self, phase: str, total: int, callback: Callable[[BenchProgress], None] | None):
+        self.phase, self.total, self.callback = phase, total, callback
+        self.completed = self.failed = self.chunks = 0
+        self.start = self.last_call = monotonic()
 
     def done(self, record: RequestRecord) -> None:
         self.completed += 1
         self.failed += not record.success
-        now = perf_counter()
+        self.chunks += record.n_chunks
+        self._maybe_call()
+
+    def set(self, completed: int, failed: int, chunks: int) -> None:
+        self.completed, self.failed, self.chunks = completed, failed, chunks
+        self._maybe_call()
+
+    def _maybe_call(self) -> None:
+        now = monotonic()
         if self.callback is not None and now - self.last_call >= PROGRESS_INTERVAL_S:
             self.last_call = now
             self.callback(self.snapshot(now))
 
     def snapshot(self, now: float | None = None) -> BenchProgress:
-        elapsed = (now or perf_counter()) - self.start
-        rate = (self.live.token_chunks - self.chunks0) / elapsed if elapsed > 0 else 0.0
+        elapsed = (now or monotonic()) - self.start
+        rate = self.chunks / elapsed if elapsed > 0 else 0.0
         return BenchProgress(self.phase, self.completed, self.failed, self.total, elapsed, rate)
 
     def finish(self) -> None:
@@ -178,144 +194,99 @@ class _Measured:
     duration_s: float
     deadline_hit: bool
     client: ClientCheck
+    warmup_failed: int
+    workers: int
 
 
-class _Runner:
-    """One run against one server: resolves the model, builds prompts, warms up, measures."""
+@dataclass
+class _RunSpec:
+    """Everything the measured phase needs, whoever runs it."""
 
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        lanes: ClientLanes,
-        base: str,
-        workload: Workload,
-        headers: dict[str, str],
-        on_progress: Callable[[BenchProgress], None] | None,
-    ) -> None:
-        self.client, self.lanes, self.base, self.w, self.headers = client, lanes, base, workload, headers
-        self.on_progress = on_progress
-        self.live = LiveCounters()
+    workload: Workload
+    shape: RequestShape
+    tls: bool
+    plan: Plan
+    warm: Plan | None
+    offsets: list[float]
+    deadline_s: float
+    on_progress: Callable[[BenchProgress], None] | None
 
-    async def prompts(self, model: str, fmt: PromptFormat) -> tuple[PromptSet, PromptSet | None]:
-        tok = ServerTokenizer(self.client, self.base, model, self.headers)
-        w = self.w
-        measured = await build_prompts(tok, w.dataset, w.num_prompts, seed=w.seed, fmt=fmt)
-        warm = None
-        if w.warmup_requests:
-            warm = await build_prompts(tok, w.dataset, w.warmup_requests, seed=w.seed, fmt=fmt, stream=WARMUP_STREAM)
-        return measured, warm
+    @property
+    def collect_text(self) -> bool:
+        return any(len(s.turns) > 1 for s in self.plan.sessions)
 
-    async def _send(
-        self,
-        request: httpx.Request,
-        record: RequestRecord,
-        sem: asyncio.Semaphore | None,
-        arrival: float,
-        progress: _Progress,
-    ) -> None:
-        chat = self.w.endpoint == "chat"
-        async with sem or contextlib.nullcontext():
-            lane = self.lanes.acquire()
-            try:
-                await stream_request(
-                    lane, request, record, timeout_s=self.w.request_timeout_s, chat=chat, live=self.live
-                )
-            finally:
-                self.lanes.release(lane)
-        record.client_queue_time = record.start_time - arrival
-        progress.done(record)
-
-    def _semaphore(self) -> asyncio.Semaphore | None:
-        c = self.w.arrival.concurrency
-        return asyncio.Semaphore(c) if c else None
-
-    async def warmup(self, requests: list[httpx.Request]) -> int:
-        """Send the warm-up requests concurrently (same shapes); return how many failed."""
-        records = [RequestRecord() for _ in requests]
-        progress = _Progress("warmup", len(requests), self.live, self.on_progress)
-        sem = self._semaphore()
-        now = perf_counter()
-        await asyncio.gather(*(self._send(q, r, sem, now, progress) for q, r in zip(requests, records, strict=True)))
-        progress.finish()
-        return sum(not r.success for r in records)
-
-    async def _dispatch(
-        self,
-        start: float,
-        offsets: np.ndarray,
-        requests: list[httpx.Request],
-        records: list[RequestRecord],
-        tasks: list[asyncio.Task[None]],
-        progress: _Progress,
-    ) -> None:
-        sem = self._semaphore()
-        for offset, request, record in zip(offsets.tolist(), requests, records, strict=True):
-            target = start + offset
-            delay = target - perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            arrival = perf_counter()
-            record.schedule_lag = arrival - target
-            tasks.append(asyncio.create_task(self._send(request, record, sem, arrival, progress)))
-        await asyncio.gather(*tasks)
-
-    async def measure(
-        self, requests: list[httpx.Request], records: list[RequestRecord], deadline_s: float | None
-    ) -> _Measured:
-        """Release the requests on the arrival schedule and wait for all of them (or the deadline)."""
-        w = self.w
-        rng = np.random.default_rng([w.seed, ARRIVAL_STREAM])
-        offsets = arrival_offsets(len(requests), w.arrival.request_rate, w.arrival.burstiness, rng)
-        deadline = deadline_s if deadline_s is not None else _default_deadline(w, float(offsets[-1]))
-        progress = _Progress("measure", len(requests), self.live, self.on_progress)
-        tasks: list[asyncio.Task[None]] = []
-        hit = False
-        with _frozen_gc():
-            async with probe_loop() as probe:
-                cpu0, start = time.thread_time(), perf_counter()
-                try:
-                    async with asyncio.timeout(deadline):
-                        await self._dispatch(start, offsets, requests, records, tasks, progress)
-                except TimeoutError:
-                    hit = True
-                    await _cancel(tasks)
-                duration = perf_counter() - start
-                cpu = time.thread_time() - cpu0
-        progress.finish()
-        if hit:
-            _mark_cut(records, deadline)
-        lags = [r.schedule_lag for r in records[: len(tasks)]]  # the dispatched ones
-        check = assess_client(cpu / duration, lags, probe.lags, not math.isinf(w.arrival.request_rate))
-        return _Measured(records, duration, hit, check)
+    @property
+    def warm_sessions(self) -> list[Session]:
+        return self.warm.sessions if self.warm is not None else []
 
 
-def _default_deadline(w: Workload, span_s: float) -> float:
-    """An outer bound no legitimate run reaches: the arrival span plus one request timeout per
-    wave of ``concurrency`` requests. It catches a stuck client, not a slow server."""
-    waves = math.ceil(w.num_prompts / (w.arrival.concurrency or w.num_prompts))
-    return span_s + waves * w.request_timeout_s + DEADLINE_GRACE_S
+def _merge(outcomes: Sequence[ShardOutcome], plan: Plan) -> list[RequestRecord]:
+    """All records in (session, turn) order."""
+    first = np.cumsum([0] + [len(s.turns) for s in plan.sessions]).tolist()
+    merged: list[RequestRecord | None] = [None] * plan.num_requests
+    for outcome in outcomes:
+        for r in outcome.records:
+            merged[first[r.session] + r.turn] = r
+    assert all(r is not None for r in merged)
+    return [r for r in merged if r is not None]
 
 
-async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+def _check(
+    spec: _RunSpec, t0: float, records: Sequence[RequestRecord], outcomes: Sequence[ShardOutcome]
+) -> ClientCheck:
+    # Each worker runs its own loop: the busiest one decides whether the client kept up.
+    cpu_share = max(o.cpu_s / max(o.end - t0, 1e-9) for o in outcomes)
+    lags = [r.schedule_lag for r in records if r.start_time]
+    loop_lags = [lag for o in outcomes for lag in o.loop_lags]
+    w = spec.workload
+    paced = not math.isinf(w.arrival.request_rate) or w.arrival.ramp_up is not None
+    return assess_client(cpu_share, lags, loop_lags, paced)
 
 
-def _mark_cut(records: list[RequestRecord], deadline: float) -> None:
-    for r in records:
-        if r.success or r.error:
-            continue
-        sent = "cancelled" if r.start_time else "not sent"
-        r.error = f"{sent} at the run deadline ({deadline:g} s)"
+async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
+    """The whole run in this event loop."""
+    w, live = spec.workload, LiveCounters()
+    measure = _Progress("measure", spec.plan.num_requests, spec.on_progress)
+    dispatcher = Dispatcher(RequestFactory(spec.shape), lanes, live, measure.done, spec.collect_text)
+    warm_failed = 0
+    if spec.warm is not None:
+        warm = _Progress("warmup", spec.warm.num_requests, spec.on_progress)
+        warm_failed = await dispatcher.warmup(spec.warm.sessions, w.arrival.concurrency, warm.done)
+        warm.finish()
+    n = len(spec.plan.sessions)
+    prepared = dispatcher.prepare(Shard(spec.plan.sessions, list(range(n)), spec.offsets, w.arrival.concurrency))
+    measure.start = t0 = monotonic()
+    outcome = await dispatcher.run(prepared, t0, spec.deadline_s)
+    measure.finish()
+    records = _merge([outcome], spec.plan)
+    check = _check(spec, t0, records, [outcome])
+    return _Measured(records, outcome.end - t0, outcome.deadline_hit, check, warm_failed, 1)
 
 
-def _count_clamped(records: Sequence[RequestRecord]) -> int:
-    return sum(r.success and r.usage_seen and r.output_tokens != r.expected_output_len for r in records)
-
-
-def _count_prompt_mismatches(records: Sequence[RequestRecord]) -> int:
-    return sum(r.success and r.usage_seen and r.prompt_len != r.expected_prompt_len for r in records)
+async def _measure_sharded(spec: _RunSpec, workers: int) -> _Measured:
+    """The run split over ``workers`` processes (see :mod:`autotune.bench.workers`)."""
+    w = spec.workload
+    shards = make_shards(spec.plan.sessions, spec.offsets, workers, w.arrival.concurrency)
+    warm = spec.warm_sessions
+    warm_caps = split_concurrency(w.arrival.concurrency, workers)
+    jobs = [
+        WorkerJob(spec.shape, spec.tls, spec.collect_text, warm[i::workers], warm_caps[i], shard, spec.deadline_s)
+        for i, shard in enumerate(shards)
+    ]
+    async with WorkerPool(jobs) as pool:
+        warm_progress = _Progress("warmup", len(warm), spec.on_progress)
+        warm_failed = await pool.start()
+        warm_progress.set(len(warm), warm_failed, 0)
+        warm_progress.finish()
+        measure = _Progress("measure", spec.plan.num_requests, spec.on_progress)
+        t0, outcomes = await pool.run(measure.set)
+        measure.set(spec.plan.num_requests, sum(not r.success for o in outcomes for r in o.records), measure.chunks)
+        measure.finish()
+    records = _merge(outcomes, spec.plan)
+    end = max(o.end for o in outcomes)
+    check = _check(spec, t0, records, outcomes)
+    hit = any(o.deadline_hit for o in outcomes)
+    return _Measured(records, end - t0, hit, check, warm_failed, workers)
 
 
 async def run_workload(
@@ -328,6 +299,8 @@ async def run_workload(
     client: httpx.AsyncClient | None = None,
     deadline_s: float | None = None,
     prompt_format: PromptFormat | None = None,
+    workers: int | None = None,
+    salt: int | None = None,
 ) -> BenchResult:
     """Run ``workload`` against the server at ``base_url`` and measure it.
 
@@ -337,12 +310,16 @@ async def run_workload(
         model: Model id for the requests; default: the first one ``GET /v1/models`` lists.
         api_key: Sent as ``Authorization: Bearer``.
         on_progress: Called with a :class:`BenchProgress` at most every 0.25 s.
-        client: Send everything through this client (e.g. one with an ``httpx.MockTransport``);
-            by default requests go through :class:`~autotune.bench.transport.ClientLanes`.
+        client: Send everything through this client (e.g. one with an ``httpx.MockTransport``),
+            in this process; by default requests go through
+            :class:`~autotune.bench.transport.ClientLanes`.
         deadline_s: Wall-clock bound for the measured phase; unfinished requests then fail.
             Default: an outer bound derived from the arrival span and the request timeout.
-        prompt_format: ``ids`` or ``text``; default ``ids`` for completions, ``text`` for chat
-            (see :mod:`autotune.bench.prompts` for the trade-off).
+        prompt_format: ``ids`` or ``text``; default ``ids`` for single-turn completions, else
+            ``text`` (see :mod:`autotune.bench.prompts` for the trade-off).
+        workers: Event loops (processes) to spread the run over; default :func:`auto_workers`.
+        salt: Prompt-content salt; default a fresh one per run when the workload asks for fresh
+            prompts (the first run in a process gets the seed's own content), else 0.
 
     Returns:
         The measured result; failed requests are data in it, not exceptions.
@@ -351,7 +328,8 @@ async def run_workload(
     its hard limit first (SGLang's benchmark does the same).
 
     Raises:
-        BenchmarkError: The server is unreachable, lists no model, or has no ``/tokenize``.
+        BenchmarkError: The server is unreachable, lists no model, has no ``/tokenize`` (needed
+            for synthetic prompts), or a worker process failed.
     """
     fmt = _resolve_format(workload, prompt_format)
     base = _normalize_base(base_url)
@@ -360,48 +338,82 @@ async def run_workload(
     tls = base.startswith("https://")
     http = client or make_client(workload.request_timeout_s, verify=tls)
     lanes = ClientLanes(workload.request_timeout_s, shared=client, tls=tls)
-    url = base + _route(workload)
+    if salt is None:
+        salt = next(_salts) if workload.fresh_prompts_per_run else 0
     try:
         served = model or await _served_model(http, base, headers)
-        runner = _Runner(http, lanes, base, workload, headers, on_progress)
-        measured_set, warm_set = await runner.prompts(served, fmt)
-        warm_failed = 0
-        if warm_set is not None:
-            warm_failed = await runner.warmup(_requests(workload, url, served, warm_set.prompts, headers))
-        requests = _requests(workload, url, served, measured_set.prompts, headers)
-        records = [
-            RequestRecord(prompt_len=p.prompt_len, expected_prompt_len=p.prompt_len, expected_output_len=p.output_len)
-            for p in measured_set.prompts
-        ]
-        m = await runner.measure(requests, records, deadline_s)
+        reset = await reset_prefix_cache(http, base, headers) if workload.reset_prefix_cache else None
+        spec = await _spec(http, base, served, headers, workload, fmt, salt, tls, deadline_s, on_progress)
+        n = 1 if client is not None else (workers or auto_workers(workload, available_cpus()))
+        measured = await (_measure_inline(spec, lanes) if n == 1 else _measure_sharded(spec, n))
     finally:
         await lanes.aclose()
         if client is None:
             await http.aclose()
-    return _result(workload, served, fmt, measured_set, m, warm_failed)
+    return _result(workload, served, spec.plan, measured, salt, reset)
 
 
-def _result(w: Workload, model: str, fmt: PromptFormat, ps: PromptSet, m: _Measured, warm_failed: int) -> BenchResult:
+async def _spec(
+    http: httpx.AsyncClient,
+    base: str,
+    model: str,
+    headers: dict[str, str],
+    w: Workload,
+    fmt: PromptFormat,
+    salt: int,
+    tls: bool,
+    deadline_s: float | None,
+    on_progress: Callable[[BenchProgress], None] | None,
+) -> _RunSpec:
+    """Build the plan, the warm-up, the schedule and the deadline of one run."""
+    tok = ServerTokenizer(http, base, model, headers)
+    plan = await build_plan(tok, w, w.num_prompts, fmt=fmt, salt=salt)
+    warm = None
+    if w.warmup_requests:
+        warm = await build_plan(tok, w, w.warmup_requests, fmt=fmt, stream=WARMUP_STREAM, salt=salt)
+    offsets = schedule(len(plan.sessions), w.arrival, np.random.default_rng([w.seed, ARRIVAL_STREAM]))
+    turns = max(len(s.turns) for s in plan.sessions)
+    deadline = deadline_s if deadline_s is not None else _default_deadline(w, float(offsets[-1]), turns)
+    shape = RequestShape(base + _route(w), model, w.endpoint == "chat", headers, w.request_timeout_s)
+    return _RunSpec(w, shape, tls, plan, warm, offsets.tolist(), deadline, on_progress)
+
+
+def _count_clamped(records: Sequence[RequestRecord]) -> int:
+    return sum(r.success and r.usage_seen and r.output_tokens != r.expected_output_len for r in records)
+
+
+def _count_prompt_mismatches(records: Sequence[RequestRecord]) -> int:
+    return sum(
+        r.success and r.usage_seen and r.expected_prompt_len > 0 and r.prompt_len != r.expected_prompt_len
+        for r in records
+    )
+
+
+def _result(w: Workload, model: str, plan: Plan, m: _Measured, salt: int, reset: str | None) -> BenchResult:
     slos = request_slos(w.slos)
     metrics = compute_metrics(
         m.records, m.duration_s, percentiles=workload_percentiles(w.slos), goodput_slos=slos or None
     )
-    # Chat prompts carry the template's tokens on top of the planned content: no exact target.
-    mismatches = _count_prompt_mismatches(m.records) if w.endpoint == "completions" else 0
+    # Chat prompts carry the template's tokens, later turns the history: no exact target there.
+    single_completions = w.endpoint == "completions" and w.dataset.kind == "random"
     return BenchResult(
         metrics=metrics,
         records=m.records,
         duration_s=m.duration_s,
         model=model,
         workload=w,
-        prompt_format=fmt,
+        prompt_format=plan.format,
         client=m.client,
         clamped_requests=_count_clamped(m.records),
-        prompt_len_mismatches=mismatches,
-        prompts_off_target=ps.off_target,
+        prompt_len_mismatches=_count_prompt_mismatches(m.records) if single_completions else 0,
+        prompts_off_target=plan.off_target,
         deadline_hit=m.deadline_hit,
-        warmup_failed=warm_failed,
-        max_model_len=ps.max_model_len,
+        warmup_failed=m.warmup_failed,
+        max_model_len=plan.max_model_len,
+        num_sessions=len(plan.sessions),
+        salt=salt,
+        prefix_cache_reset=reset,
+        client_workers=m.workers,
     )
 
 
@@ -414,6 +426,8 @@ def run_workload_sync(
     on_progress: Callable[[BenchProgress], None] | None = None,
     deadline_s: float | None = None,
     prompt_format: PromptFormat | None = None,
+    workers: int | None = None,
+    salt: int | None = None,
 ) -> BenchResult:
     """:func:`run_workload` for synchronous callers (runs its own event loop).
 
@@ -436,5 +450,7 @@ def run_workload_sync(
             on_progress=on_progress,
             deadline_s=deadline_s,
             prompt_format=prompt_format,
+            workers=workers,
+            salt=salt,
         )
     )

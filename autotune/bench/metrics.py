@@ -45,7 +45,8 @@ GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
 @dataclass(slots=True)
 class RequestRecord:
-    """One request as the client saw it. Times are ``time.perf_counter()`` seconds.
+    """One request as the client saw it. Times are ``time.monotonic()`` seconds (one clock for
+    every process on the machine, so records of worker processes can be merged).
 
     Attributes:
         success: HTTP 200, at least one chunk with choices, and no error event in the stream.
@@ -65,6 +66,8 @@ class RequestRecord:
         n_chunks: Chunks with non-empty ``choices`` (token events).
         n_empty_chunks: Token events whose text was empty (chat role chunk, partial UTF-8).
         usage_seen: Whether a usage chunk arrived.
+        session: Index of the request's session (of the request itself, for single-turn runs).
+        turn: Index of the request within its session (0 for single-turn runs).
     """
 
     success: bool = False
@@ -84,6 +87,8 @@ class RequestRecord:
     n_chunks: int = 0
     n_empty_chunks: int = 0
     usage_seen: bool = False
+    session: int = 0
+    turn: int = 0
 
     @property
     def output_len(self) -> int:

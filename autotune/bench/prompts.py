@@ -4,12 +4,15 @@ A fixed built-in English text is tokenized once through the server's ``POST /tok
 (``add_special_tokens: false``; vLLM and SGLang both answer ``{tokens, count, max_model_len}``).
 Its ids are cut into segments; each prompt starts at a random position of the text and continues
 with randomly chosen segments, so prompts are natural-ish token sequences without special ids,
-and two prompts share at most a few leading tokens unless ``prefix_len`` asks for a common
-prefix (which is drawn once per seed and prepended to every prompt, warm-up included).
+and two prompts share at most a few leading tokens unless ``prefix_len`` asks for shared
+prefixes: ``num_prefixes`` of them are drawn once per seed and salt, and each prompt starts with
+one (an even share each, shuffled, as vLLM's ``prefix_repetition``; warm-up prompts take them in
+turn, so a warm-up of ``num_prefixes`` requests leaves every prefix cached).
 
-Lengths are drawn as vLLM's random dataset does (``datasets/utils.py get_sampling_params``):
-integers uniform in ``[floor(L(1−r)), ceil(L(1+r))]`` from ``np.random.default_rng(seed)``,
-input first, then output, with at least one output token.
+Lengths come from :mod:`autotune.bench.lengths` (for the uniform default, exactly vLLM's random
+dataset: ``np.random.default_rng(seed)``, input first, then output, at least one output token).
+A run's *salt* changes the content (prefixes included) but not the lengths, so repeated runs
+against one engine measure the same shapes without hitting each other's prefix cache.
 
 Two prompt formats:
 

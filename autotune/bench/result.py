@@ -60,6 +60,11 @@ class BenchResult:
         deadline_hit: The whole-run deadline cut the run short.
         warmup_failed: Warm-up requests that failed.
         max_model_len: The server's context length, when its ``/tokenize`` reported it.
+        num_sessions: Sessions of the run (= requests for single-turn datasets).
+        salt: The prompt-content salt of the run (0: the seed's own content).
+        prefix_cache_reset: The route that reset the engine's prefix cache before the run,
+            ``"unsupported"``, ``"failed: ..."``, or None when the workload did not ask.
+        client_workers: Event loops (processes) that generated the load.
         date: Local start time, ``YYYYmmdd-HHMMSS`` as vLLM writes it.
     """
 
@@ -76,6 +81,10 @@ class BenchResult:
     deadline_hit: bool = False
     warmup_failed: int = 0
     max_model_len: int | None = None
+    num_sessions: int = 0
+    salt: int = 0
+    prefix_cache_reset: str | None = None
+    client_workers: int = 1
     date: str = field(default_factory=lambda: datetime.now().strftime("%Y%m%d-%H%M%S"))
 
     @property
@@ -107,6 +116,7 @@ class BenchResult:
             "request_rate": "inf" if math.isinf(w.arrival.request_rate) else w.arrival.request_rate,
             "burstiness": w.arrival.burstiness,
             "max_concurrency": w.arrival.concurrency,
+            **_ramp(w),
             "request_goodput": None,  # vLLM writes null without --goodput; metrics overwrite it
             **self.metrics,
             **self._queue_stats(),
@@ -134,11 +144,12 @@ class BenchResult:
         return {
             "schema_version": SCHEMA_VERSION,
             "seed": w.seed,
-            "input_len": w.dataset.input_len,
-            "output_len": w.dataset.output_len,
-            "range_ratio": w.dataset.range_ratio,
-            "prefix_len": w.dataset.prefix_len,
+            "salt": self.salt,
+            **_dataset(w),
+            "num_requests": len(self.records),
+            "num_sessions": self.num_sessions,
             "prompt_format": self.prompt_format,
+            "prefix_cache_reset": self.prefix_cache_reset,
             "warmup_requests": w.warmup_requests,
             "warmup_failed": self.warmup_failed,
             "clamped_requests": self.clamped_requests,
@@ -146,6 +157,7 @@ class BenchResult:
             "prompts_off_target": self.prompts_off_target,
             "deadline_hit": self.deadline_hit,
             "max_model_len": self.max_model_len,
+            "client_workers": self.client_workers,
             "client_limited": c.limited,
             "client_limited_reason": c.reason,
             "client_cpu_share": c.cpu_share,
@@ -167,7 +179,33 @@ class BenchResult:
             "queue_times": [r.client_queue_time for r in rs],
             "schedule_lags": [r.schedule_lag for r in rs],
             "errors": [r.error for r in rs],
+            "session_ids": [r.session for r in rs],
+            "turn_ids": [r.turn for r in rs],
         }
+
+
+def _ramp(w: Workload) -> dict[str, Any]:
+    """vLLM writes the ramp-up keys only for a ramp-up run."""
+    ramp = w.arrival.ramp_up
+    if ramp is None:
+        return {}
+    return {"ramp_up_strategy": ramp.strategy, "ramp_up_start_rps": ramp.start_rps, "ramp_up_end_rps": ramp.end_rps}
+
+
+def _dataset(w: Workload) -> dict[str, Any]:
+    d = w.dataset
+    return {
+        "dataset": d.kind,
+        "input_len": d.input_len,
+        "output_len": d.output_len,
+        "range_ratio": d.range_ratio,
+        "input_dist": d.input_dist.model_dump(),
+        "output_dist": d.output_dist.model_dump(),
+        "prefix_len": d.prefix_len,
+        "num_prefixes": d.num_prefixes,
+        "turns": d.turns.model_dump() if d.turns is not None else None,
+        "think_time_s": d.think_time_s,
+    }
 
 
 def _backend(w: Workload) -> str:

@@ -114,6 +114,23 @@ class FlagSet:
         return match[0] if match else None
 
 
+def _fold_json_flag(out: dict[str, Any], key: str, value: Any) -> None:
+    """``speculative_config.method: ngram`` → ``out["--speculative-config"]["method"] = "ngram"``.
+
+    A JSON-valued flag (vLLM's ``--speculative-config``, ``--compilation-config``) is one flag but
+    several knobs: a search space names each field ``<flag>.<field>`` so each can be sampled and
+    made conditional on its own. ``None`` (``null`` in YAML, e.g. "no speculative decoding") leaves
+    the field out, and a flag left with no field is not sent at all.
+    """
+    name, field = key.split(".", 1)
+    flag = canonical_flag(name)
+    fields = dict(out.pop(flag, None) or {})  # a copy: a fixed dict of the same flag is merged, not mutated
+    if value is not None:
+        fields[field] = value
+    if fields:
+        out[flag] = fields
+
+
 def canonical_flag(name: str) -> str:
     """``max_num_seqs`` / ``--max_num_seqs`` / ``--max-num-seqs`` → ``--max-num-seqs``."""
     bare = name.lstrip("-").replace("_", "-")
@@ -256,7 +273,9 @@ class EngineAdapter(ABC):
         no flag for is a ConfigError-grade problem and raises InvalidFlags."""
         out: dict[str, Any] = {}
         for key, value in params.items():
-            if key in self.knobs:
+            if "." in key:
+                _fold_json_flag(out, key, value)
+            elif key in self.knobs:
                 out[self.knobs[key]] = value
             elif key.startswith("-") or "_" in key or "-" in key:
                 out[canonical_flag(key)] = value

@@ -55,7 +55,19 @@ def _slo_terms(metrics: Mapping[str, float], workload: Workload) -> dict[str, fl
 
 def _constraint_names(workload: Workload) -> list[str]:
     names = [*sorted(workload.slos), "error_rate"]
-    return names + (["throughput_floor"] if workload.objective.throughput_floor is not None else [])
+    names += ["throughput_floor"] if workload.objective.throughput_floor is not None else []
+    return names + (["quality"] if workload.quality_min_agreement is not None else [])
+
+
+def _quality_term(agreement: float | None, workload: Workload) -> dict[str, float]:
+    """Agreement with the baseline's greedy answers must reach ``quality_min_agreement``.
+
+    No agreement (the baseline itself, which is the reference) is no violation.
+    """
+    minimum = workload.quality_min_agreement
+    if minimum is None:
+        return {}
+    return {"quality": 0.0 if agreement is None else minimum - agreement}
 
 
 def _measured(metrics: Mapping[str, float], key: str, direction: str) -> float:
@@ -65,13 +77,14 @@ def _measured(metrics: Mapping[str, float], key: str, direction: str) -> float:
     return float(value)
 
 
-def score(outcome: Outcome, metrics: Mapping[str, float], workload: Workload) -> Score:
-    """Value and constraints for a finished trial (served or flag-caused failure)."""
+def score(outcome: Outcome, metrics: Mapping[str, float], workload: Workload, quality: float | None = None) -> Score:
+    """Value and constraints for a finished trial (served or flag-caused failure); ``quality`` is
+    the trial's agreement with the baseline's greedy answers (``quality_agreement``)."""
     objective = workload.objective
     if not outcome.served:
         worst = [_WORST[t.direction] for t in objective.terms]
         return Score(worst, dict.fromkeys(_constraint_names(workload), FAILED_VIOLATION), {"outcome": FAILED_VIOLATION})
-    terms = _slo_terms(metrics, workload)
+    terms = {**_slo_terms(metrics, workload), **_quality_term(quality, workload)}
     values = [_measured(metrics, t.metric, t.direction) for t in objective.terms]
     return Score(values, terms, {k: v for k, v in terms.items() if v > 0})
 

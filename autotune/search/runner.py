@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -161,6 +162,7 @@ class StudyRun:
                     env=env,
                     stall_timeout_s=self.job.study.stall_timeout_s,
                     bench_timeout_s=self.job.study.bench_timeout_s,
+                    quality_reference=None if stage == STAGE_BASELINE else self._quality_reference(),
                 )
                 result = run_trial(spec, self.adapter, workload, self.progress)
         except BaseException:
@@ -172,6 +174,14 @@ class StudyRun:
         self._record(trial, result)
         self.progress.trial_finished({**result.summary(), "best": self.best_summary()})
         return result
+
+    def _quality_reference(self) -> Path | None:
+        """The baseline's greedy answers (greedy.json in its trial folder), the quality reference."""
+        for t in self.trials(STAGE_BASELINE):
+            path = Path(t.user_attrs.get("trial_dir", "")) / "greedy.json"
+            if "trial_dir" in t.user_attrs and path.is_file():
+                return path
+        return None
 
     def _record(self, trial: optuna.Trial, result: TrialResult) -> None:
         assert result.score is not None

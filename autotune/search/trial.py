@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import statistics
 import threading
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune import __version__
-from autotune.bench import prometheus
+from autotune.bench import prometheus, quality
+from autotune.bench.instruments import run_engine_client
 from autotune.bench.loadgen import BenchProgress, run_workload_sync
 from autotune.config import Workload
 from autotune.engines.base import STARTUP_FATAL, EngineAdapter, EventKind, LaunchSpec, LogEvent
@@ -60,6 +62,9 @@ class TrialSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     stall_timeout_s: float = 120.0  # no new tokens this long mid-benchmark: the engine is hung
     bench_timeout_s: float | None = None  # the whole benchmark (None: derived from the workload)
+    # The baseline trial's greedy.json: answers this trial's are compared with when the workload
+    # sets quality_min_agreement (None: this trial is the baseline, or it has none).
+    quality_reference: Path | None = None
 
 
 @dataclass
@@ -136,23 +141,28 @@ class _Trial:
     def bench(self, launch: LaunchSpec, proc: EngineProcess) -> tuple[list[dict[str, float]], dict[str, Any]]:
         before = prometheus.scrape(launch.base_url)
         runs: list[dict[str, Any]] = []
-        self.watchdog = _Watchdog(proc, self.spec.stall_timeout_s)
+        # The engine's own client reports no progress to watch: only the bench timeout bounds it.
+        stall_s = self.spec.stall_timeout_s if self.workload.client == "autotune" else math.inf
+        self.watchdog = _Watchdog(proc, stall_s)
         try:
             for i in range(self.spec.repeats):
                 self.progress.phase(
                     f"benchmarking {i + 1}/{self.spec.repeats}" if self.spec.repeats > 1 else "benchmarking"
                 )
-                result = run_workload_sync(
-                    launch.base_url,
-                    self.workload,
-                    api_key=self.adapter.api_key(),
-                    on_progress=self._bench_progress,
-                    deadline_s=self.spec.bench_timeout_s,
-                )
+                if self.workload.client != "autotune":  # the engine's own benchmark client measures
+                    runs.append(self._engine_client(launch, i))
+                else:
+                    result = run_workload_sync(
+                        launch.base_url,
+                        self.workload,
+                        api_key=self.adapter.api_key(),
+                        on_progress=self._bench_progress,
+                        deadline_s=self.spec.bench_timeout_s,
+                    )
+                    runs.append(result.to_json(detailed=True))
                 if self.watchdog.fired:
                     raise EngineCrashed(self.watchdog.reason, log_path=self.log_path)
                 proc.check_alive()  # vLLM answers 200 streams with an error body when its core dies
-                runs.append(result.to_json(detailed=True))
         finally:
             self.watchdog.stop()
         after = prometheus.scrape(launch.base_url)
@@ -160,6 +170,26 @@ class _Trial:
         facts["client_limited"] = any(r.get("client_limited") for r in runs)
         _write_json(self.spec.trial_dir / "bench.json", {"schema_version": SCHEMA_VERSION, "runs": runs})
         return runs, facts
+
+    def _engine_client(self, launch: LaunchSpec, repeat: int) -> dict[str, Any]:
+        """One run of the engine's own benchmark client, its saved result in client/<repeat>/."""
+        settings, out_dir = self.adapter.settings, self.spec.trial_dir / "client" / str(repeat)
+        python, kind = settings.python or "python3", self.workload.client
+        env = {**launch.env, **self.spec.env}  # the engine's environment suits its own client too
+        return run_engine_client(kind, python, launch.base_url, settings.model, self.workload, out_dir, env=env)
+
+    def quality_check(self, launch: LaunchSpec) -> float | None:
+        """Greedy answers to the fixed prompts, saved as greedy.json; their agreement with the
+        baseline's (None when this trial is the reference). Runs before the benchmark, on a fresh
+        engine, so every trial answers in the same engine state."""
+        prompts = quality.QUALITY_PROMPTS
+        outputs = quality.greedy_outputs(
+            launch.base_url, self.adapter.settings.model, prompts, api_key=self.adapter.api_key()
+        )
+        quality.save_outputs(self.spec.trial_dir / "greedy.json", prompts, outputs)
+        ref = self.spec.quality_reference
+        reference = quality.load_outputs(ref, prompts) if ref is not None else None
+        return quality.agreement(reference, outputs) if reference is not None else None
 
     def _bench_progress(self, p: BenchProgress) -> None:
         # Cumulative chunks (rate × elapsed): the watchdog wants to see them grow.
@@ -223,6 +253,10 @@ def run_trial(
             if spec.on_launch and proc.pgid is not None:
                 spec.on_launch(proc.pgid)
             t.timings["startup_s"] = proc.wait_ready()
+            agreement = None
+            if workload.quality_min_agreement is not None:
+                t.progress.phase("quality check")
+                agreement = t.quality_check(launch)
             t.progress.phase("warming")
             b0 = time.monotonic()
             runs, facts = t.bench(launch, proc)
@@ -231,8 +265,8 @@ def run_trial(
             d0 = time.monotonic()
         t.timings["teardown_s"] = time.monotonic() - d0
         result.metrics, result.spread = _median_metrics(runs)
-        result.facts = facts
-        result.score = score(Outcome.OK, result.metrics, workload)
+        result.facts = facts if agreement is None else {**facts, "quality_agreement": agreement}
+        result.score = score(Outcome.OK, result.metrics, workload, quality=agreement)
         result.outcome = Outcome.SLO_VIOLATION if result.score.violations else Outcome.OK
     except InvalidFlags as err:
         result.outcome, result.reason = Outcome.INVALID_FLAGS, str(err)

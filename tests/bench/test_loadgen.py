@@ -121,15 +121,38 @@ def test_concurrency_cap_is_respected_and_reached(fake: FakeOpenAI) -> None:
     assert any(r.client_queue_time > 0 for r in res.records)
 
 
-def test_same_seed_sends_identical_requests(fake: FakeOpenAI) -> None:
-    run(fake, workload())
-    first = sorted(json.dumps(b, sort_keys=True) for b in fake.bodies)
+def _bodies(fake: FakeOpenAI) -> list[str]:
+    out = sorted(json.dumps(b, sort_keys=True) for b in fake.bodies)
     fake.bodies.clear()
-    run(fake, workload())
-    assert sorted(json.dumps(b, sort_keys=True) for b in fake.bodies) == first
+    return out
+
+
+def test_same_seed_and_salt_send_identical_requests(fake: FakeOpenAI) -> None:
+    run(fake, workload(), salt=7)
+    first = _bodies(fake)
+    run(fake, workload(), salt=7)
+    assert _bodies(fake) == first
+    run(fake, workload(seed=2), salt=7)
+    assert _bodies(fake) != first
+
+
+def _shapes(fake: FakeOpenAI) -> list[tuple[int, int]]:
+    return sorted((len(b["prompt"]), b["max_tokens"]) for b in fake.bodies)
+
+
+def test_repeated_runs_get_fresh_content_with_the_same_lengths(fake: FakeOpenAI) -> None:
+    w = workload(dataset=Dataset(input_len=64, output_len=6, range_ratio=0.5, prefix_len=32))
+    first = run(fake, w)
+    shapes, prompts = _shapes(fake), {tuple(b["prompt"]) for b in fake.bodies}
     fake.bodies.clear()
-    run(fake, workload(seed=2))
-    assert sorted(json.dumps(b, sort_keys=True) for b in fake.bodies) != first
+    second = run(fake, w)
+    assert second.salt != first.salt
+    assert _shapes(fake) == shapes
+    assert not prompts & {tuple(b["prompt"]) for b in fake.bodies}  # not even the shared prefix repeats
+    fake.bodies.clear()
+    run(fake, w.model_copy(update={"fresh_prompts_per_run": False}))
+    run(fake, w.model_copy(update={"fresh_prompts_per_run": False}))
+    assert len({tuple(b["prompt"]) for b in fake.bodies}) == len(fake.bodies) // 2
 
 
 def test_failures_are_data_and_error_rate_counts_them(fake: FakeOpenAI) -> None:

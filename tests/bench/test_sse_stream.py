@@ -39,11 +39,11 @@ DONE = b"data: [DONE]\n\n"
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[float]], None]:
-    """Replace the stream's perf_counter: first call = send time, then one call per network read."""
+    """Replace the stream's monotonic clock: first call = send time, then one call per network read."""
 
     def set_times(times: list[float]) -> None:
         it: Iterator[float] = itertools.chain(times, itertools.repeat(times[-1]))
-        monkeypatch.setattr(stream_mod, "perf_counter", lambda: next(it))
+        monkeypatch.setattr(stream_mod, "monotonic", lambda: next(it))
 
     return set_times
 

@@ -165,8 +165,8 @@ def test_kill_9_mid_trial_then_resume(tmp_path: Path) -> None:
     env = {**os.environ, "AUTOTUNE_SIM_SEED": "0", "MARK_RESULTS": str(tmp_path)}
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     storage = f"sqlite:///{tmp_path / 'k' / 'study.db'}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait until the second trial's engine is up
+    deadline = time.monotonic() + 400  # generous: the machine may be busy
+    while time.monotonic() < deadline and first.poll() is None:  # wait until the second trial's engine is up
         time.sleep(0.5)
         try:
             trials = optuna.load_study(study_name="k", storage=storage).trials

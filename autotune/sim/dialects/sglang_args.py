@@ -225,6 +225,11 @@ def build_parser(version: str) -> argparse.ArgumentParser:
     g.add_argument("--enable-torch-compile", action="store_true", help="Optimize the model with torch.compile.")
     g.add_argument("--torch-compile-max-bs", type=int, default=32, help="Maximum batch size for torch compile.")
     g.add_argument("--speculative-algorithm", help="Speculative algorithm.")
+    # Accepted so spaces can tune them; the simulator models no speculative decoding.
+    g.add_argument("--speculative-num-draft-tokens", type=int, help="Draft tokens verified per step.")
+    g.add_argument("--speculative-num-steps", type=int, help="Draft steps (EAGLE/NEXTN).")
+    g.add_argument("--speculative-eagle-topk", type=int, help="Draft branches per step (EAGLE/NEXTN).")
+    g.add_argument("--speculative-ngram-max-match-window-size", type=int, help="NGRAM: longest match window.")
     g = group("observability")
     g.add_argument("--enable-metrics", action="store_true", help="Enable log prometheus metrics.")
     g.add_argument("--enable-cache-report", action="store_true", help="Report cached tokens in usage.")

@@ -1,0 +1,259 @@
+"""The measured run inside one event loop: sessions released on the arrival schedule, turns streamed.
+
+A :class:`Dispatcher` serves an in-process run and each worker process of a sharded one
+(:mod:`autotune.bench.workers`) alike. It mirrors ``vllm bench serve``: it sleeps to each
+session's absolute start time, creates one task per session, and a semaphore (when the shard has
+a concurrency cap) gates every request; ``client_queue_time`` is the wait for it. A later turn
+leaves its think time after the previous answer's last token and carries the history; when a
+turn fails, the rest of its session is not sent (and counts as failed: those requests were not
+served). Records are pre-built before the start, one per turn, so a result is complete even
+when the deadline cuts the run short.
+
+The loop's health is measured at the same time (CPU share of the loop thread, wake-up lag of a
+10 ms timer, send lag against the schedule) for the client self-check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from time import monotonic
+
+import httpx
+
+from autotune.bench.bodies import History, RequestFactory
+from autotune.bench.metrics import RequestRecord
+from autotune.bench.plan import Session
+from autotune.bench.selfcheck import probe_loop
+from autotune.bench.stream import LiveCounters, stream_request
+from autotune.bench.transport import ClientLanes
+
+__all__ = ["Dispatcher", "Prepared", "Shard", "ShardOutcome"]
+
+
+@dataclass
+class Shard:
+    """The part of a run one event loop serves (picklable).
+
+    Attributes:
+        sessions: Its sessions.
+        session_ids: Index of each session in the whole run.
+        offsets: Planned start of each session, seconds after the run's start.
+        concurrency: Cap on this shard's requests in flight (None: no cap).
+    """
+
+    sessions: list[Session]
+    session_ids: list[int]
+    offsets: list[float]
+    concurrency: int | None
+
+
+@dataclass
+class ShardOutcome:
+    """What one event loop measured (picklable).
+
+    Attributes:
+        records: One per turn, ordered by session then turn.
+        end: Monotonic time when the last request of the shard ended (or was cut).
+        cpu_s: CPU seconds of the loop thread during the run.
+        loop_lags: Wake-up lags of the 10 ms probe timer (seconds).
+        deadline_hit: The run deadline cut this shard short.
+        dispatched: Sessions started before the end.
+    """
+
+    records: list[RequestRecord]
+    end: float
+    cpu_s: float
+    loop_lags: list[float]
+    deadline_hit: bool
+    dispatched: int
+
+
+@dataclass
+class Prepared:
+    """A shard with its first requests built and its records allocated, ready to start."""
+
+    shard: Shard
+    firsts: list[httpx.Request]
+    records: list[list[RequestRecord]]
+
+
+@contextlib.contextmanager
+def _frozen_gc() -> Iterator[None]:
+    """vLLM freezes the GC heap before the run so collections do not stall the event loop."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+async def _sleep_until(due: float) -> None:
+    delay = due - monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+def _records(session: Session, session_id: int) -> list[RequestRecord]:
+    return [
+        RequestRecord(
+            prompt_len=t.prompt_len,
+            expected_prompt_len=t.prompt_len,
+            expected_output_len=t.output_len,
+            session=session_id,
+            turn=i,
+        )
+        for i, t in enumerate(session.turns)
+    ]
+
+
+def _mark_cut(records: Sequence[RequestRecord], deadline_s: float) -> None:
+    for r in records:
+        if r.success or r.error:
+            continue
+        sent = "cancelled" if r.start_time else "not sent"
+        r.error = f"{sent} at the run deadline ({deadline_s:g} s)"
+
+
+class Dispatcher:
+    """Runs sessions in the current event loop.
+
+    Args:
+        factory: Builds requests (and the history of later turns).
+        lanes: Where requests are sent (one client per in-flight request).
+        live: Counters shared with the progress reporter.
+        on_done: Called with every finished record (successful or not).
+        collect_text: Keep the streamed text (needed when sessions have more than one turn).
+    """
+
+    def __init__(
+        self,
+        factory: RequestFactory,
+        lanes: ClientLanes,
+        live: LiveCounters,
+        on_done: Callable[[RequestRecord], None],
+        collect_text: bool,
+    ) -> None:
+        self.factory, self.lanes, self.live, self.on_done = factory, lanes, live, on_done
+        self.collect_text = collect_text
+        self.chat = factory.shape.chat
+        self.timeout_s = factory.shape.timeout_s
+
+    def prepare(self, shard: Shard) -> Prepared:
+        """Build the first request of every session and allocate the records (before the start)."""
+        firsts = [self.factory.first(s.turns[0]) for s in shard.sessions]
+        records = [_records(s, sid) for s, sid in zip(shard.sessions, shard.session_ids, strict=True)]
+        return Prepared(shard, firsts, records)
+
+    async def _stream(self, request: httpx.Request, record: RequestRecord, sem: asyncio.Semaphore | None) -> str:
+        texts: list[str] | None = [] if self.collect_text else None
+        async with sem or contextlib.nullcontext():
+            lane = self.lanes.acquire()
+            try:
+                await stream_request(
+                    lane, request, record, timeout_s=self.timeout_s, chat=self.chat, live=self.live, texts=texts
+                )
+            finally:
+                self.lanes.release(lane)
+        return "".join(texts or ())
+
+    async def _session(
+        self,
+        session: Session,
+        first: httpx.Request,
+        recs: list[RequestRecord],
+        sem: asyncio.Semaphore | None,
+        arrival: float,
+    ) -> None:
+        """One session: its turns in order, each after the previous answer plus the think time."""
+        request = first
+        history: History | None = None
+        for i, (turn, rec) in enumerate(zip(session.turns, recs, strict=True)):
+            if i:
+                due = recs[i - 1].end_time + session.think_s[i - 1]
+                await _sleep_until(due)
+                arrival = monotonic()
+                rec.schedule_lag = arrival - due
+                assert history is not None
+                request = self.factory.follow_up(history, turn)
+            answer = await self._stream(request, rec, sem)
+            rec.client_queue_time = rec.start_time - arrival
+            self.on_done(rec)
+            if not rec.success:
+                self._abandon(recs[i + 1 :], i)
+                return
+            if i + 1 < len(session.turns):
+                history = self.factory.extend(history, turn, answer)
+
+    def _abandon(self, rest: Sequence[RequestRecord], failed_turn: int) -> None:
+        for r in rest:
+            r.error = f"not sent: turn {failed_turn} of its session failed"
+            self.on_done(r)
+
+    async def warmup(
+        self,
+        sessions: Sequence[Session],
+        concurrency: int | None,
+        on_done: Callable[[RequestRecord], None] | None = None,
+    ) -> int:
+        """Send the first turn of each warm-up session at once (capped); return how many failed."""
+        sem = asyncio.Semaphore(concurrency) if concurrency else None
+
+        async def one(session: Session) -> bool:
+            record = RequestRecord()
+            await self._stream(self.factory.first(session.turns[0]), record, sem)
+            if on_done is not None:
+                on_done(record)
+            return record.success
+
+        done = await asyncio.gather(*(one(s) for s in sessions))
+        return sum(not ok for ok in done)
+
+    async def _dispatch(self, prep: Prepared, t0: float, tasks: list[asyncio.Task[None]]) -> None:
+        sem = asyncio.Semaphore(prep.shard.concurrency) if prep.shard.concurrency else None
+        for session, offset, first, recs in zip(
+            prep.shard.sessions, prep.shard.offsets, prep.firsts, prep.records, strict=True
+        ):
+            target = t0 + offset
+            await _sleep_until(target)
+            arrival = monotonic()
+            recs[0].schedule_lag = arrival - target
+            tasks.append(asyncio.create_task(self._session(session, first, recs, sem, arrival)))
+        await asyncio.gather(*tasks)
+
+    async def run(self, prep: Prepared, t0: float, deadline_s: float) -> ShardOutcome:
+        """Release the sessions from monotonic time ``t0`` on and wait for all of them.
+
+        Args:
+            prep: From :meth:`prepare`.
+            t0: The run's start (``time.monotonic()``; may lie a little in the future).
+            deadline_s: Seconds after ``t0`` when unfinished requests are cancelled.
+        """
+        tasks: list[asyncio.Task[None]] = []
+        hit = False
+        with _frozen_gc():
+            async with probe_loop() as probe:
+                cpu0 = time.thread_time()
+                try:
+                    async with asyncio.timeout(max(0.0, t0 + deadline_s - monotonic())):
+                        await self._dispatch(prep, t0, tasks)
+                except TimeoutError:
+                    hit = True
+                    await _cancel(tasks)
+                end = monotonic()
+                cpu = time.thread_time() - cpu0
+        flat = [r for recs in prep.records for r in recs]
+        if hit:
+            _mark_cut(flat, deadline_s)
+        return ShardOutcome(flat, end, cpu, list(probe.lags), hit, len(tasks))
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,100 @@
+"""Pretend GPUs (AUTOTUNE_FAKE_GPUS): the spec, topology, foreign processes, and engines that
+hold their devices until their process is gone (plus the linger time)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.runtime import gpu
+from autotune.runtime.fakegpu import FOREIGN_PID, IDLE_BYTES, FakeBackend, FakeGpuSpec
+from autotune.runtime.gpu import FAKE_GPUS_ENV, default_backend, list_gpus, nvlink_islands, wait_memory_at_most
+from autotune.runtime.process import EngineProcess
+
+GIB = 1024**3
+
+
+def test_spec_reads_count_memory_topology_and_busy_devices() -> None:
+    spec = FakeGpuSpec.parse("8xA100-40GB;nvlink=0-3,4+5;busy=6,7;linger=1.5;box=t")
+    assert (spec.count, spec.name, spec.memory_total) == (8, "Fake A100-40GB", 40 * GIB)
+    assert spec.islands == ((0, 1, 2, 3), (4, 5), (6,), (7,))
+    assert spec.busy == (6, 7) and spec.linger_s == 1.5 and spec.box == "t"
+    assert FakeGpuSpec.parse("4xL4-24GB;nvlink=none").islands == ((0,), (1,), (2,), (3,))
+    assert FakeGpuSpec.parse("2xH100-80GB").islands == ((0, 1),)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("eight H100s", "start with <count>x<name>-<memory>GB"),
+        ("8xH100", "start with <count>x<name>-<memory>GB"),
+        ("0xH100-80GB", "at least one GPU"),
+        ("2xH100-80GB;busy=2", "names GPU 2, but the box has GPUs 0-1"),
+        ("4xH100-80GB;nvlink=0-2,2-3", "overlap"),
+        ("4xH100-80GB;colour=red", "unknown option"),
+        ("4xH100-80GB;linger=soon", "not a number"),
+    ],
+)
+def test_bad_specs_are_one_line_errors(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        FakeGpuSpec.parse(text)
+
+
+def test_environment_variable_replaces_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FAKE_GPUS_ENV, "4xH100-80GB;nvlink=0-1,2-3;busy=3")
+    monkeypatch.setattr(gpu, "_FAKES", {})
+    backend = default_backend()
+    assert isinstance(backend, FakeBackend)
+    assert [g.index for g in list_gpus()] == [0, 1, 2, 3]
+    assert list_gpus()[0].memory_used == IDLE_BYTES
+    assert backend.process_memory(3) == {FOREIGN_PID: 10 * GIB}
+    assert nvlink_islands(range(4)) == [(0, 1), (2, 3)]
+
+
+def _engine_on(make_engine: Callable[..., EngineProcess], spec: str, devices: str) -> EngineProcess:
+    engine = make_engine()
+    engine.env.update({FAKE_GPUS_ENV: spec, "CUDA_VISIBLE_DEVICES": devices})
+    return engine
+
+
+def test_an_engine_holds_its_devices_until_its_process_is_gone(make_engine: Callable[..., EngineProcess]) -> None:
+    spec = "4xH100-80GB;box=hold"
+    backend = FakeBackend.from_spec(spec)
+    engine = _engine_on(make_engine, spec, "1,2")
+    with engine:
+        deadline = time.monotonic() + 5
+        while not backend.process_memory(1) and time.monotonic() < deadline:
+            time.sleep(0.15)
+        assert set(backend.process_memory(1)) == {engine.pid}
+        assert set(backend.process_memory(2)) == {engine.pid}
+        assert backend.process_memory(0) == {} and backend.process_memory(3) == {}
+        assert backend.info(1).memory_used > 70 * GIB
+    time.sleep(0.15)  # past the scan cache
+    assert backend.process_memory(1) == {}
+    assert backend.info(1).memory_used == IDLE_BYTES
+
+
+def test_memory_lingers_after_the_engine_exits(make_engine: Callable[..., EngineProcess]) -> None:
+    spec = "2xH100-80GB;linger=1;box=linger"
+    backend = FakeBackend.from_spec(spec)
+    engine = _engine_on(make_engine, spec, "0")
+    with engine:
+        deadline = time.monotonic() + 5
+        while not backend.process_memory(0) and time.monotonic() < deadline:
+            time.sleep(0.15)
+    stopped = time.monotonic()
+    time.sleep(0.15)
+    assert engine.pid in backend.process_memory(0)  # the driver has not let go yet
+    wait_memory_at_most({0: 2 * GIB}, timeout_s=5, poll_s=0.1, backend=backend)
+    assert 0.9 <= time.monotonic() - stopped < 3
+
+
+def test_other_boxes_and_unmarked_processes_are_invisible(make_engine: Callable[..., EngineProcess]) -> None:
+    backend = FakeBackend.from_spec("2xH100-80GB;box=mine")
+    engine = _engine_on(make_engine, "2xH100-80GB;box=theirs", "0,1")
+    with engine:
+        time.sleep(0.5)
+        assert backend.process_memory(0) == {} and backend.process_memory(1) == {}

@@ -1,0 +1,239 @@
+"""Parallel trials on one box: group sizes from the flags, slots from GPUs or cores, and studies
+on the simulator over pretend GPUs (AUTOTUNE_FAKE_GPUS) that run trials at once on disjoint
+GPU groups, keep the sequential stages sequential, meet quotas exactly and stop cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.engines import get_adapter
+from autotune.errors import ConfigError
+from autotune.runtime import gpu
+from autotune.runtime.gpu import FAKE_GPUS_ENV
+from autotune.search.parallel import gpus_per_trial, plan_slots, size_bounds
+from autotune.search.storage import load_study
+from autotune.search.tune import TuneJob, run_study
+
+SIM_ENV = {"AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SPEEDUP": "50", "AUTOTUNE_SIM_SEED": "0"}
+WORKLOAD = {
+    "name": "sim-tiny",
+    "dataset": {"input_len": 256, "output_len": 32},
+    "num_prompts": 24,
+    "warmup_requests": 1,
+    "arrival": {"concurrency": 16},
+    "slos": {"p95_ttft_ms": 10000},
+}
+TP_SPACE = {
+    "params": {
+        "tensor_parallel": {"type": "categorical", "choices": [1, 2]},
+        "max_running": {"type": "int", "low": 8, "high": 256, "log": True},
+    }
+}
+
+
+def _job(tmp_path: Path, space: dict[str, Any], **study: Any) -> TuneJob:
+    engine = parse_model(
+        EngineSettings,
+        {
+            "kind": "vllm",
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "command": [sys.executable, "-m", "autotune.sim", "vllm"],
+            "env": SIM_ENV,
+            "startup_timeout_s": 60,
+            "simulated": True,
+            "fixed_flags": study.pop("fixed_flags", {}),
+        },
+        "test",
+    )
+    return TuneJob(
+        engine=engine,
+        space=parse_model(SearchSpace, space, "space"),
+        workload=parse_model(Workload, WORKLOAD, "workload"),
+        study=parse_model(StudySettings, {"name": "p", "results_dir": tmp_path, "seed": 1, **study}, "study"),
+    )
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Pretend GPUs for this test only (a box name of its own keeps other sessions' engines out)."""
+
+    def use(spec: str) -> str:
+        text = f"{spec};box={uuid.uuid4().hex[:8]}"
+        monkeypatch.setenv(FAKE_GPUS_ENV, text)
+        monkeypatch.setattr(gpu, "_FAKES", {})
+        return text
+
+    return use
+
+
+# ------------------------------------------------------------------------------ sizing
+def test_a_trial_needs_tp_times_pp_times_dp_gpus(tmp_path: Path) -> None:
+    adapter = get_adapter(_job(tmp_path, TP_SPACE).engine)
+    assert gpus_per_trial(adapter, {}) == 1
+    assert gpus_per_trial(adapter, {"--tensor-parallel-size": 2, "--max-num-seqs": 64}) == 2
+    flags = {"--tensor-parallel-size": 2, "--pipeline-parallel-size": 2, "--data-parallel-size": 2}
+    assert gpus_per_trial(adapter, flags) == 8
+    assert size_bounds(_job(tmp_path, TP_SPACE), adapter) == (1, 2)
+    fixed = _job(tmp_path, {"params": {}}, fixed_flags={"tensor_parallel": 4})
+    assert size_bounds(fixed, adapter) == (4, 4)
+
+
+def test_without_gpus_slots_are_bounded_by_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(FAKE_GPUS_ENV, raising=False)
+    monkeypatch.setattr(gpu, "_DEFAULT", [None])  # NVML absent
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    job = _job(tmp_path, TP_SPACE, parallel=16)
+    slots = plan_slots(job, get_adapter(job.engine))
+    assert slots.count == 4 and slots.allocator is None
+    assert "no GPU: 4 trial(s) at once, bounded by 8 CPU core(s)" in slots.note
+    with pytest.raises(ConfigError, match="--gpus was given but NVML finds no GPU"):
+        plan_slots(_job(tmp_path, TP_SPACE, gpus=[0]), get_adapter(job.engine))
+
+
+def test_gpu_slots_follow_group_sizes_and_the_pool(tmp_path: Path, fake_gpus: Any) -> None:
+    fake_gpus("8xH100-80GB;busy=7")
+    job = _job(tmp_path, {"params": {}}, fixed_flags={"tensor_parallel": 2}, parallel="auto")
+    adapter = get_adapter(job.engine)
+    slots = plan_slots(job, adapter)
+    assert slots.count == 3  # 7 free GPUs hold three TP-2 groups
+    assert "skipped GPU 7 (held by PID" in slots.note
+    subset = plan_slots(_job(tmp_path, {"params": {}}, parallel=8, gpus=[0, 1, 4, 5]), adapter)
+    assert subset.count == 4 and "capped: only 4 group(s) fit" in subset.note
+    with pytest.raises(ConfigError, match="trials need up to 8 GPUs"):
+        plan_slots(_job(tmp_path, {"params": {}}, fixed_flags={"tensor_parallel": 8}, parallel=2), adapter)
+
+
+# ------------------------------------------------------------------------------ studies
+def _interval(t: FrozenTrial) -> tuple[float, float]:
+    """When the trial held its GPU group: argv.json is written once the group is held and the
+    engine is about to start; outcome.json after the engine is gone."""
+    folder = Path(t.user_attrs["trial_dir"])
+    return (folder / "argv.json").stat().st_mtime, (folder / "outcome.json").stat().st_mtime
+
+
+def _devices(t: FrozenTrial) -> set[str]:
+    return set(t.user_attrs["placement"]["CUDA_VISIBLE_DEVICES"].split(","))
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+@pytest.mark.slow
+def test_parallel_search_runs_trials_at_once_on_disjoint_gpu_groups(tmp_path: Path, fake_gpus: Any) -> None:
+    fake_gpus("4xH100-80GB")
+    job = _job(tmp_path, TP_SPACE, method="search", trials=6, finalists=1, validation_runs=2, parallel="auto")
+    assert run_study(job) is not None
+    study = load_study("p", job.storage_url)
+    trials = study.get_trials(states=(TrialState.COMPLETE,))
+    stages = [t.user_attrs["stage"] for t in trials]
+    assert (stages.count("baseline"), stages.count("search"), stages.count("validation")) == (1, 6, 2)
+    assert len(study.trials) == 9  # the shared quota is exact: no slot overshoots it
+    for t in trials:
+        tp = int(t.user_attrs["flags"].get("--tensor-parallel-size", 1))
+        assert len(_devices(t)) == tp
+        launched = json.loads((Path(t.user_attrs["trial_dir"]) / "argv.json").read_text())["env"]
+        assert launched["CUDA_VISIBLE_DEVICES"] == t.user_attrs["placement"]["CUDA_VISIBLE_DEVICES"]
+        assert launched["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert "CUDA_VISIBLE_DEVICES" not in t.user_attrs["env"]  # exported scripts stay portable
+    overlapping = [(a, b) for a in trials for b in trials if a.number < b.number and _overlap(_interval(a), _interval(b))]
+    assert overlapping, "no two trials ran at the same time"
+    for a, b in overlapping:
+        assert not _devices(a) & _devices(b), f"trials {a.number} and {b.number} shared a GPU"
+
+
+@pytest.mark.slow
+def test_staged_study_keeps_sequential_stages_sequential(tmp_path: Path, fake_gpus: Any) -> None:
+    fake_gpus("4xH100-80GB")
+    space = {
+        "params": {
+            "memory_fraction": {"type": "float", "low": 0.86, "high": 0.94, "step": 0.02},
+            "max_running": {"type": "int", "low": 8, "high": 256, "log": True},
+        }
+    }
+    job = _job(tmp_path, space, method="staged", trials=6, finalists=1, validation_runs=1, parallel=3)
+    run_study(job)
+    study = load_study("p", job.storage_url)
+    by_stage: dict[str, list[FrozenTrial]] = {}
+    for t in study.trials:
+        by_stage.setdefault(t.user_attrs["stage"], []).append(t)
+    sequential = [t for s in ("baseline", "context", "memory_edge") for t in by_stage.get(s, [])]
+    assert len(by_stage["memory_edge"]) >= 2
+    for a in sequential:
+        for b in sequential:
+            assert a is b or not _overlap(_interval(a), _interval(b)), (a.number, b.number)
+    assert study.user_attrs["stage.memory_edge"]["done"]
+    scenario = by_stage["scenario"]
+    assert len(scenario) == 3  # plan_budget(6): 3 memory probes, 3 scenario trials
+    assert any(_overlap(_interval(a), _interval(b)) for a in scenario for b in scenario if a is not b)
+    edge = study.user_attrs["stage.memory_edge"]["edge"]
+    assert all(t.params["memory_fraction"] == edge for t in scenario)
+
+
+def _sim_engines(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"autotune.sim" in cmd and marker.encode() in env:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_slot_and_resume_finishes(tmp_path: Path, fake_gpus: Any) -> None:
+    spec = fake_gpus("2xH100-80GB")
+    (tmp_path / "space.json").write_text(json.dumps(TP_SPACE | {"params": {"max_running": TP_SPACE["params"]["max_running"]}}))
+    (tmp_path / "wl.json").write_text(json.dumps({**WORKLOAD, "num_prompts": 400}))
+    cmd = [
+        sys.executable, "-m", "autotune.cli", "tune", "--study", "s", "--engine", "sim", "--method", "search",
+        "--space", str(tmp_path / "space.json"), "--workload", str(tmp_path / "wl.json"), "--trials", "3",
+        "--finalists", "0", "--results", str(tmp_path), "--sim-speedup", "5", "--parallel", "2", "--seed", "0",
+    ]  # fmt: skip
+    env = {**os.environ, FAKE_GPUS_ENV: spec}
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    storage = f"sqlite:///{tmp_path / 's' / 'study.db'}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # both slots busy with a search trial
+        time.sleep(0.5)
+        try:
+            running = optuna.load_study(study_name="s", storage=storage).get_trials(states=(TrialState.RUNNING,))
+        except Exception:
+            continue
+        if sum(1 for t in running if "engine_pgid" in t.user_attrs and t.user_attrs["stage"] == "search") == 2:
+            break
+    else:
+        first.kill()
+        pytest.fail("two search trials never ran at once")
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 130, err
+    assert "interrupted" in err
+    assert not _sim_engines(spec), "an engine outlived the interrupted tuner"
+    study = load_study("s", storage)
+    interrupted = [t for t in study.trials if t.user_attrs.get("outcome") == "interrupted"]
+    assert len(interrupted) == 2 and all(t.state == TrialState.FAIL for t in interrupted)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    study = load_study("s", storage)
+    retried = {int(t.user_attrs["retry_of"]) for t in study.trials if "retry_of" in t.user_attrs}
+    assert {t.number for t in interrupted} <= retried
