@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shlex
 import signal
@@ -22,6 +23,9 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune import __version__
+from autotune.bench.capacity import search_capacity
+from autotune.bench.loadgen import BenchProgress, run_workload_sync
+from autotune.bench.summary import capacity_rows, result_rows
 from autotune.config import (
     EngineSettings,
     Objective,
@@ -646,6 +650,63 @@ def report(
         console.print(str(path), soft_wrap=True, markup=False, highlight=False)
     if open_page:
         typer.launch(html_path.resolve().as_uri())
+
+
+@app.command()
+def bench(
+    url: Annotated[str, typer.Option(help="Server root of any OpenAI-compatible API, e.g. http://127.0.0.1:8000.")],
+    workload: Annotated[str, typer.Option(help="Workload YAML (or a shipped name, e.g. chat).")] = "chat",
+    model: Annotated[str | None, typer.Option(help="Model id (default: the first the server lists).")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="Env var holding the server's API key.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the result JSON here.")] = None,
+    capacity: Annotated[
+        bool, typer.Option(help="Search the highest request rate (or concurrency) whose SLOs hold.")
+    ] = False,
+    workers: Annotated[int | None, typer.Option(min=1, help="Client processes (default: by load).")] = None,
+) -> None:
+    """Run one workload against an already running server, print the result and optionally save it
+    (vllm bench serve's JSON keys)."""
+    try:
+        w = load_yaml(_resolve_file(workload, "workloads"), Workload)
+        key = os.environ.get(api_key_env) if api_key_env else None
+        if api_key_env and key is None:
+            raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
+        with console.status(f"{w.name} against {url}") as status:
+
+            def show(p: BenchProgress) -> None:
+                status.update(f"{w.name} {p.phase}: {p.completed}/{p.total} requests, {p.output_throughput:,.0f} tok/s")
+
+            if capacity:
+                found = search_capacity(
+                    url,
+                    w,
+                    model=model,
+                    api_key=key,
+                    workers=workers,
+                    on_run=lambda r: status.update(f"{w.name}: level {r.level:g} {'held' if r.passed else 'missed'}"),
+                )
+                data = found.to_json()
+            else:
+                result = run_workload_sync(url, w, model=model, api_key=key, workers=workers, on_progress=show)
+                data = result.to_json(detailed=True)
+    except AutotuneError as err:
+        raise _fail(err) from None
+    if capacity:
+        header, rows = capacity_rows(found)
+        table = Table(*header, title=f"capacity search: {w.name}")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        unit = "req/s" if found.dimension == "request_rate" else "concurrent requests"
+        console.print(f"highest load meeting the SLOs: {found.value:,.2f} {unit} ({found.stop_reason})")
+    else:
+        table = Table("metric", "value", title=f"{w.name}: {result.model}")
+        for label, value in result_rows(result):
+            table.add_row(label, value)
+        console.print(table)
+    if output is not None:
+        output.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        console.print(str(output), soft_wrap=True, markup=False, highlight=False)
 
 
 @app.command("make-tiny-model")

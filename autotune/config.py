@@ -498,7 +498,7 @@ class CapacitySearch(StrictModel):
     low: float | None = Field(default=None, gt=0, description="Give up below this (default 0.1 req/s or 1).")
     high: float | None = Field(default=None, gt=0, description="Stop doubling above this (default 10000 or 4096).")
     rel_tol: float = Field(default=0.1, gt=0, lt=1, description="Stop when the bracket is this narrow (relative).")
-    max_runs: int = Field(default=8, ge=2, description="Most benchmark runs one search may make.")
+    max_runs: int = Field(default=10, ge=2, description="Most benchmark runs one search may make.")
     confirm: bool = Field(default=True, description="Re-run the level found; a failure there moves the search down.")
     seconds_per_run: float | None = Field(
         default=None, gt=0, description="Size each rate run to about this many seconds of arrivals."

@@ -38,6 +38,7 @@ import asyncio
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -242,6 +243,7 @@ def burst_point(concurrency: int, n: int) -> Point:
 
 
 def summarize(p: Point, r: BenchResult, server: dict[str, Any]) -> dict[str, Any]:
+    """One row of the sweep: rates, latency tails, timestamp quality and client CPU (all workers)."""
     m = r.metrics
     achieved = m["output_throughput"] if p.kind == "chunks" else m["request_throughput"]
     row: dict[str, Any] = {
@@ -257,8 +259,9 @@ def summarize(p: Point, r: BenchResult, server: dict[str, Any]) -> dict[str, Any
         "coalesced_itl_share": _coalesced(r),
         "cpu_share": r.client.cpu_share,
         # Client CPU per unit of work: less sensitive to other processes than throughput is.
-        "cpu_us_per_request": r.client.cpu_share * r.duration_s / len(r.records) * 1e6,
-        "cpu_us_per_chunk": r.client.cpu_share * r.duration_s / max(1, _chunks(r)) * 1e6,
+        "workers": r.client_workers,
+        "cpu_us_per_request": r.client_cpu_s / len(r.records) * 1e6,
+        "cpu_us_per_chunk": r.client_cpu_s / max(1, _chunks(r)) * 1e6,
         "p99_loop_lag_ms": r.client.p99_loop_lag_ms,
         "p99_send_lag_ms": r.client.p99_schedule_lag_ms,
         "server_p99_step_lag_ms": server["p99_step_lag_ms"],
@@ -302,9 +305,10 @@ async def _server_stats(base: str) -> dict[str, Any]:
         return dict((await c.get(base + "/stats")).json())
 
 
-async def run_ours(base: str, p: Point) -> dict[str, Any]:
+async def run_ours(base: str, p: Point, workers: int | None = None) -> dict[str, Any]:
+    """One run of our client (``workers`` None: the load generator's own choice)."""
     await _server_stats(base)  # reset the server's counters
-    result = await run_workload(base, p.workload)
+    result = await run_workload(base, p.workload, workers=workers)
     return summarize(p, result, await _server_stats(base))
 
 
@@ -381,16 +385,16 @@ def _f(x: Any, spec: str = ".1f") -> str:
 
 
 HEADER = (
-    "| point | ideal/s | achieved/s | eff. | p99 TTFT ms | mean ITL ms | p99 ITL ms | coalesced | client CPU "
-    "| CPU µs/req | CPU µs/chunk | p99 loop lag ms | p99 send lag ms | server p99 step lag ms | sustained |\n|"
-    + "---|"
-    * 15
+    "| point | workers | ideal/s | achieved/s | eff. | p99 TTFT ms | mean ITL ms | p99 ITL ms | coalesced "
+    "| busiest loop CPU | CPU µs/req | CPU µs/chunk | p99 loop lag ms | p99 send lag ms | server p99 step lag ms "
+    "| sustained |\n|" + "---|" * 16
 )
 
 
 def fmt_row(row: dict[str, Any]) -> str:
     cells = [
         row["point"],
+        str(row["workers"]),
         _f(row["ideal"], ".0f"),
         _f(row["achieved"], ".0f"),
         _f(row["efficiency"], ".1%"),
@@ -409,16 +413,31 @@ def fmt_row(row: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def fmt_comparison(name: str, ours: dict[str, Any], theirs: dict[str, Any]) -> str:
-    ratio = ours["achieved"] / theirs["achieved"]
-    ttft = f"{_f(theirs['p99_ttft_ms'])} / {_f(ours['p99_ttft_ms'])}"
-    itl = f"{_f(theirs['p99_itl_ms'])} / {_f(ours['p99_itl_ms'])}"
-    return f"| {name} | {theirs['achieved']:.0f} | {ours['achieved']:.0f} | {ratio:.2f} | {ttft} | {itl} |"
+def _span(values: list[float], spec: str = ".0f") -> str:
+    """Median, and the range when there is more than one value: ``5 694 (5 600–5 823)``."""
+    med = statistics.median(values)
+    if len(values) == 1:
+        return format(med, spec)
+    return f"{format(med, spec)} ({format(min(values), spec)}–{format(max(values), spec)})"
+
+
+def fmt_comparison(name: str, ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> str:
+    ratios = [o["achieved"] / t["achieved"] for o, t in zip(ours, theirs, strict=True)]
+    cells = [
+        name,
+        str(ours[0]["workers"]),
+        _span([t["achieved"] for t in theirs]),
+        _span([o["achieved"] for o in ours]),
+        _span(ratios, ".2f"),
+        f"{_span([t['p99_ttft_ms'] for t in theirs])} / {_span([o['p99_ttft_ms'] for o in ours])}",
+        f"{_span([t['p99_itl_ms'] for t in theirs], '.1f')} / {_span([o['p99_itl_ms'] for o in ours], '.1f')}",
+    ]
+    return "| " + " | ".join(cells) + " |"
 
 
 COMPARISON_HEADER = (
-    "| point | vllm bench serve /s | autotune /s | ratio | p99 TTFT ms (vllm / ours) "
-    "| p99 ITL ms (vllm / ours) |\n|---|---|---|---|---|---|"
+    "| point | our workers | vllm bench serve /s | autotune /s | ratio (per pair) | p99 TTFT ms (vllm / ours) "
+    "| p99 ITL ms (vllm / ours) |\n|---|---|---|---|---|---|---|"
 )
 
 
@@ -427,32 +446,56 @@ def best(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return max(rows, key=lambda r: r["achieved"])
 
 
-def sweep(base: str, repeats: int, quick: bool) -> list[dict[str, Any]]:
+def _workers(text: str) -> int | None:
+    return None if text == "auto" else int(text)
+
+
+def sweep(base: str, repeats: int, quick: bool, workers: list[str]) -> list[dict[str, Any]]:
+    """Every point with every worker setting (``auto``: the load generator's own choice)."""
     print(HEADER)
     rows = []
     floor = math.inf
     for p in [burst_point(1, n=200), *points(quick)]:
-        row = best([asyncio.run(run_ours(base, p)) for _ in range(repeats)])
-        if p.name == "serial":
-            floor = row["p99_ttft_ms"]
-        row["sustained"] = sustained(p, row, floor)
-        rows.append(row)
-        print(fmt_row(row), flush=True)
+        for w in workers if p.name != "serial" else ["1"]:
+            row = best([asyncio.run(run_ours(base, p, _workers(w))) for _ in range(repeats)])
+            if p.name == "serial":
+                floor = row["p99_ttft_ms"]
+            row["sustained"] = sustained(p, row, floor)
+            rows.append(row)
+            print(fmt_row(row), flush=True)
+    print(ceilings(rows))
     return rows
 
 
+def ceilings(rows: list[dict[str, Any]]) -> str:
+    """The highest sustained chunk rate and request rate per worker count."""
+    lines = []
+    for w in sorted({r["workers"] for r in rows}):
+        ok = [r for r in rows if r["workers"] == w and r["sustained"] and not math.isnan(r["ideal"])]
+        chunks = max((r["achieved"] for r in ok if r["point"].startswith("chunks")), default=0.0)
+        requests = max((r["achieved"] for r in ok if r["point"].startswith("rate")), default=0.0)
+        lines.append(f"{w} worker(s): sustained up to {chunks:,.0f} chunks/s and {requests:,.0f} requests/s")
+    return "\n".join(lines)
+
+
+def all_points() -> dict[str, Point]:
+    return {p.name: p for p in points(quick=False)}
+
+
 def compare(args: argparse.Namespace, base: str, pin: int | None) -> list[dict[str, Any]]:
-    """Alternate our client and vLLM's on the same points, so both see the same machine load."""
+    """Alternate our client and vLLM's on the same points, so both see the same machine load;
+    report medians over the repeats and the ratio of each (ours, vLLM) pair."""
     print(COMPARISON_HEADER)
     out = []
-    for p in [x for x in points(args.quick) if x.name in args.vllm_points]:
+    for name in args.vllm_points:
+        p = all_points()[name]
         ours, theirs = [], []
         for _ in range(args.repeats):
-            ours.append(asyncio.run(run_ours(base, p)))
+            ours.append(asyncio.run(run_ours(base, p, _workers(args.compare_workers))))
             theirs.append(run_vllm(args.vllm_python, args.tokenizer, base, p, pin))
-        o, t = best(ours), best(theirs)
-        out.append({"point": p.name, "ours": o, "vllm": t, "ratio_achieved": o["achieved"] / t["achieved"]})
-        print(fmt_comparison(p.name, o, t), flush=True)
+        ratios = [o["achieved"] / t["achieved"] for o, t in zip(ours, theirs, strict=True)]
+        out.append({"point": name, "ours": ours, "vllm": theirs, "ratios": ratios})
+        print(fmt_comparison(name, ours, theirs), flush=True)
     return out
 
 
@@ -465,7 +508,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "step_ms": STEP_MS}
     report["load_avg_before"] = os.getloadavg()
     try:
-        report["ours"] = sweep(base, args.repeats, args.quick)
+        if not args.compare_only:
+            report["ours"] = sweep(base, args.repeats, args.quick, args.workers)
         if why_not is None:
             report["vllm"] = compare(args, base, pin_client)
         else:
@@ -492,7 +536,14 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true", help="skip the vllm bench serve comparison")
     parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON)
     parser.add_argument("--tokenizer", type=Path, default=TOKENIZER_DIR)
-    parser.add_argument("--vllm-points", nargs="*", default=["chunks-c64", "chunks-c256", "rate-400", "burst-c64"])
+    parser.add_argument(
+        "--vllm-points",
+        nargs="*",
+        default=["chunks-c64", "chunks-c256", "chunks-c512", "rate-400", "rate-800", "burst-c64", "burst-c256"],
+    )
+    parser.add_argument("--workers", nargs="*", default=["1", "auto"], help="worker settings of the sweep")
+    parser.add_argument("--compare-workers", default="auto", help="our worker setting against vllm bench serve")
+    parser.add_argument("--compare-only", action="store_true", help="skip the sweep, run the comparison")
     args = parser.parse_args()
     if args.cmd == "serve":
         asyncio.run(ZeroServer(args.itl_ms / 1000).serve(args.port))

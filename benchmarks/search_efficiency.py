@@ -122,22 +122,22 @@ CASES = [
         "meta-llama/Llama-3.1-8B-Instruct",
         "H100-80GB",
         1,
-        _workload("chat", 1024, 256, 256, 512, {"mean_ttft_ms": 1500.0}),
+        _workload("chat", 1024, 128, 128, 256, {"mean_ttft_ms": 1000.0}),
     ),
-    Case("qwen7b-l4-offline", "Qwen/Qwen2.5-7B-Instruct", "L4", 1, _workload("offline", 512, 512, 256, 512, {})),
+    Case("qwen7b-l4-offline", "Qwen/Qwen2.5-7B-Instruct", "L4", 1, _workload("offline", 512, 256, 128, 256, {})),
     Case(
         "llama8b-a100-40-longctx",
         "meta-llama/Llama-3.1-8B-Instruct",
         "A100-40GB",
         1,
-        _workload("long", 8192, 256, 32, 64, {}),
+        _workload("long", 8192, 128, 16, 32, {}),
     ),
     Case(
         "qwen72b-tp4-h100-chat",
         "Qwen/Qwen2.5-72B-Instruct",
         "H100-80GB",
         4,
-        _workload("chat", 1024, 256, 128, 256, {"mean_ttft_ms": 2000.0}),
+        _workload("chat", 1024, 128, 64, 128, {"mean_ttft_ms": 1000.0}),
     ),
 ]
 

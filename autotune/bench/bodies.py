@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from autotune.bench.plan import Turn
-from autotune.bench.transport import request_timeout
+from autotune.bench.transport import stream_timeout
 
 __all__ = ["History", "RequestFactory", "RequestShape"]
 
@@ -53,7 +53,7 @@ class RequestFactory:
     def __init__(self, shape: RequestShape) -> None:
         self.shape = shape
         self._headers = {**shape.headers, "Accept-Encoding": "identity"}
-        self._extensions = {"timeout": request_timeout(shape.timeout_s).as_dict()}
+        self._extensions = {"timeout": stream_timeout().as_dict()}
 
     def body(self, content: list[int] | str | list[dict[str, str]], output_len: int) -> bytes:
         """The JSON body: for completions ``content`` is the prompt (ids or text); for chat it is
@@ -73,9 +73,7 @@ class RequestFactory:
         return json.dumps(body, separators=(",", ":")).encode()
 
     def request(self, body: bytes) -> httpx.Request:
-        return httpx.Request(
-            "POST", self.shape.url, content=body, headers=self._headers, extensions=self._extensions
-        )
+        return httpx.Request("POST", self.shape.url, content=body, headers=self._headers, extensions=self._extensions)
 
     def first(self, turn: Turn) -> httpx.Request:
         """The request of a session's first turn (built before the run)."""

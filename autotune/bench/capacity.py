@@ -220,7 +220,6 @@ def _at_level(workload: Workload, dimension: Dimension, level: float, seconds: f
     return w.model_copy(update={"arrival": arrival, "num_prompts": n})
 
 
-
 async def search_capacity_async(
     base_url: str,
     workload: Workload,

@@ -196,6 +196,7 @@ class _Measured:
     client: ClientCheck
     warmup_failed: int
     workers: int
+    cpu_s: float
 
 
 @dataclass
@@ -260,7 +261,7 @@ async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
     measure.finish()
     records = _merge([outcome], spec.plan)
     check = _check(spec, t0, records, [outcome])
-    return _Measured(records, outcome.end - t0, outcome.deadline_hit, check, warm_failed, 1)
+    return _Measured(records, outcome.end - t0, outcome.deadline_hit, check, warm_failed, 1, outcome.cpu_s)
 
 
 async def _measure_sharded(spec: _RunSpec, workers: int) -> _Measured:
@@ -286,7 +287,8 @@ async def _measure_sharded(spec: _RunSpec, workers: int) -> _Measured:
     end = max(o.end for o in outcomes)
     check = _check(spec, t0, records, outcomes)
     hit = any(o.deadline_hit for o in outcomes)
-    return _Measured(records, end - t0, hit, check, warm_failed, workers)
+    cpu = sum(o.cpu_s for o in outcomes)
+    return _Measured(records, end - t0, hit, check, warm_failed, workers, cpu)
 
 
 async def run_workload(
@@ -414,6 +416,7 @@ def _result(w: Workload, model: str, plan: Plan, m: _Measured, salt: int, reset:
         salt=salt,
         prefix_cache_reset=reset,
         client_workers=m.workers,
+        client_cpu_s=m.cpu_s,
     )
 
 

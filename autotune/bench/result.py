@@ -65,6 +65,7 @@ class BenchResult:
         prefix_cache_reset: The route that reset the engine's prefix cache before the run,
             ``"unsupported"``, ``"failed: ..."``, or None when the workload did not ask.
         client_workers: Event loops (processes) that generated the load.
+        client_cpu_s: CPU seconds the event-loop threads spent on the measured run, all workers.
         date: Local start time, ``YYYYmmdd-HHMMSS`` as vLLM writes it.
     """
 
@@ -85,6 +86,7 @@ class BenchResult:
     salt: int = 0
     prefix_cache_reset: str | None = None
     client_workers: int = 1
+    client_cpu_s: float = 0.0
     date: str = field(default_factory=lambda: datetime.now().strftime("%Y%m%d-%H%M%S"))
 
     @property
@@ -158,6 +160,7 @@ class BenchResult:
             "deadline_hit": self.deadline_hit,
             "max_model_len": self.max_model_len,
             "client_workers": self.client_workers,
+            "client_cpu_s": self.client_cpu_s,
             "client_limited": c.limited,
             "client_limited_reason": c.reason,
             "client_cpu_share": c.cpu_share,

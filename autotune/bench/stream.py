@@ -24,13 +24,16 @@ Differences, each on purpose:
 
 The body is read with ``aiter_raw`` (requests ask for ``Accept-Encoding: identity``, so raw bytes
 are the payload) and split into lines here: one layer less per chunk than ``aiter_bytes``, and
-the hot path is the per-chunk cost.
+the hot path is the per-chunk cost. For the same reason a completions token chunk is recognised
+by a byte pattern (a non-empty ``choices`` list) instead of a JSON parse; chat chunks, usage,
+errors and anything unusual are parsed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from time import monotonic
@@ -48,6 +51,13 @@ class LiveCounters:
     """Counters shared by all in-flight requests, read by the progress callback."""
 
     token_chunks: int = 0
+
+
+# A completions chunk whose top-level "choices" list holds an object is a token event. Inside a
+# JSON string a quote is escaped, so this cannot match text; usage-only chunks ("choices":[]),
+# errors and anything else take the full JSON parse.
+_TOKEN_CHUNK = re.compile(rb'"choices":\s*\[\s*\{')
+_EMPTY_TEXT = re.compile(rb'"text":\s*""')
 
 
 class _StreamFailed(Exception):
@@ -68,7 +78,7 @@ def _error_text(data: Mapping[str, Any]) -> str:
 class _SseTimer:
     """Feeds SSE lines into a record; one instance per request."""
 
-    __slots__ = ("chat", "first", "last", "live", "record", "start", "texts")
+    __slots__ = ("chat", "fast", "first", "last", "live", "record", "start", "texts")
 
     def __init__(
         self, record: RequestRecord, start: float, chat: bool, live: LiveCounters, texts: list[str] | None
@@ -80,6 +90,8 @@ class _SseTimer:
         self.chat = chat
         self.live = live
         self.texts = texts
+        # Completions token chunks are recognised without a JSON parse (see _TOKEN_CHUNK).
+        self.fast = not chat and texts is None
 
     def line(self, raw: bytes, ts: float) -> None:
         line = raw.strip()
@@ -89,6 +101,9 @@ class _SseTimer:
         payload = line[5:].strip()
         if payload == b"[DONE]":
             return
+        if self.fast and payload.endswith(b"}") and _TOKEN_CHUNK.search(payload):
+            self.token(ts, empty=_EMPTY_TEXT.search(payload) is not None)
+            return
         try:
             data = json.loads(payload)
         except ValueError:
@@ -97,22 +112,26 @@ class _SseTimer:
             raise _StreamFailed(f"SSE payload is not an object: {_one_line(str(data))}")
         self.event(data, ts)
 
+    def token(self, ts: float, empty: bool) -> None:
+        """A chunk with choices: the first sets TTFT, each later one adds an ITL gap."""
+        rec = self.record
+        if self.first:
+            self.first = False
+            rec.ttft = ts - self.start
+            rec.first_token_time = ts
+        else:
+            rec.itl.append(ts - self.last)
+        self.last = ts
+        rec.n_chunks += 1
+        rec.n_empty_chunks += empty
+        self.live.token_chunks += 1
+
     def event(self, data: dict[str, Any], ts: float) -> None:
         rec = self.record
         if choices := data.get("choices"):
-            if self.first:
-                self.first = False
-                rec.ttft = ts - self.start
-                rec.first_token_time = ts
-            else:
-                rec.itl.append(ts - self.last)
-            self.last = ts
-            rec.n_chunks += 1
-            self.live.token_chunks += 1
             text = self._text(choices[0])
-            if not text:
-                rec.n_empty_chunks += 1
-            elif self.texts is not None and isinstance(text, str):
+            self.token(ts, empty=not text)
+            if text and self.texts is not None and isinstance(text, str):
                 self.texts.append(text)
         elif usage := data.get("usage"):
             rec.usage_seen = True

@@ -22,7 +22,9 @@ import ssl
 
 import httpx
 
-__all__ = ["ClientLanes", "make_client", "request_timeout"]
+from autotune.bench.netbackend import asyncio_transport
+
+__all__ = ["ClientLanes", "make_client", "request_timeout", "stream_timeout"]
 
 
 def request_timeout(request_timeout_s: float) -> httpx.Timeout:
@@ -30,16 +32,22 @@ def request_timeout(request_timeout_s: float) -> httpx.Timeout:
     return httpx.Timeout(request_timeout_s, connect=30.0, pool=None)
 
 
+def stream_timeout() -> httpx.Timeout:
+    """Limits of a measured request: connect only. Its total deadline (``asyncio.timeout`` around
+    the whole request) bounds every read, so a per-read timer would only cost time per token."""
+    return httpx.Timeout(None, connect=30.0)
+
+
 def make_client(request_timeout_s: float = 300.0, verify: ssl.SSLContext | bool = True) -> httpx.AsyncClient:
     """A client for the load generator: no connection cap, keep-alive, no proxy from the environment.
 
     ``trust_env=False`` because a proxy picked up from ``HTTP_PROXY`` would sit between the
-    client and a local engine and silently add its own latency to every measurement.
+    client and a local engine and silently add its own latency to every measurement. The
+    transport reads and writes through :class:`~autotune.bench.netbackend.AsyncioBackend`.
     """
     return httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        transport=asyncio_transport(verify),
         timeout=request_timeout(request_timeout_s),
-        verify=verify,
         trust_env=False,
     )
 

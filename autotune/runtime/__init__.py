@@ -4,7 +4,9 @@ Nothing here knows an engine dialect: adapters (``autotune.engines``) say what t
 readiness means; this package runs it, watches it and makes sure every process of it ends.
 """
 
+from autotune.runtime.allocator import GpuAllocator, GpuGroup
 from autotune.runtime.gpu import (
+    FAKE_GPUS_ENV,
     GpuBackend,
     GpuInfo,
     list_gpus,
@@ -19,8 +21,11 @@ from autotune.runtime.reaper import Leftover, find_leftovers, reap_process_group
 
 __all__ = [
     "ENGINE_MARKER_ENV",
+    "FAKE_GPUS_ENV",
     "EngineProcess",
+    "GpuAllocator",
     "GpuBackend",
+    "GpuGroup",
     "GpuInfo",
     "Leftover",
     "ensure_port_free",

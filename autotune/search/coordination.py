@@ -23,6 +23,7 @@ owns everything and needs no beats or lease.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -95,6 +96,7 @@ class Coordinator:
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Coordinator:
         if self.shared:
+            self.fail_dead_here()
             self.fail_stale()
             self._thread = threading.Thread(target=self._beat_loop, name="autotune-heartbeat", daemon=True)
             self._thread.start()
@@ -160,8 +162,23 @@ class Coordinator:
         storage = self._storage()
         if not self.shared or getattr(storage, "get_heartbeat_interval", lambda: None)() is None:
             return []
+        return self._fail_and_adopt(storage._get_stale_trial_ids(study._study_id))
+
+    def fail_dead_here(self) -> list[FrozenTrial]:
+        """Fail at once the running trials of workers on this host whose process is gone (this
+        box's tuner was killed and restarted): no need to wait out their heartbeats."""
+        dead = []
+        for t in self.run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            host, _, rest = str(t.user_attrs.get("worker", "")).partition(":")
+            pid = rest.partition(":")[0]
+            if host == self.host and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                dead.append(t._trial_id)
+        return self._fail_and_adopt(dead)
+
+    def _fail_and_adopt(self, trial_ids: list[int]) -> list[FrozenTrial]:
+        storage = self._storage()
         adopted: list[FrozenTrial] = []
-        for trial_id in storage._get_stale_trial_ids(study._study_id):
+        for trial_id in trial_ids:
             try:
                 # The reason goes first: Optuna allows no attribute on a finished trial.
                 storage.set_trial_user_attr(trial_id, "outcome", "interrupted")
@@ -174,6 +191,7 @@ class Coordinator:
         return adopted
 
     def _adopt(self, trial: FrozenTrial) -> None:
+        """Take over a failed trial of another worker: end its engine here, re-run it later."""
         with self._lock:
             self.adopted.add(trial.number)
         pgid = trial.user_attrs.get("engine_pgid")
@@ -270,3 +288,13 @@ class Coordinator:
                 return
             self._seq += 1
             study.set_user_attr(LEASE_KEY, {"worker": self.run.worker, "host": self.host, "seq": self._seq})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True

@@ -176,7 +176,10 @@ class _Trial:
         settings, out_dir = self.adapter.settings, self.spec.trial_dir / "client" / str(repeat)
         python, kind = settings.python or "python3", self.workload.client
         env = {**launch.env, **self.spec.env}  # the engine's environment suits its own client too
-        return run_engine_client(kind, python, launch.base_url, settings.model, self.workload, out_dir, env=env)
+        return run_engine_client(
+            kind, python, launch.base_url, settings.model, self.workload, out_dir,
+            timeout_s=self.spec.bench_timeout_s, env=env,
+        )  # fmt: skip
 
     def quality_check(self, launch: LaunchSpec) -> float | None:
         """Greedy answers to the fixed prompts, saved as greedy.json; their agreement with the

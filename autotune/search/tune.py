@@ -18,6 +18,7 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
+from pydantic import BaseModel
 
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload
 from autotune.engines import get_adapter
@@ -187,11 +188,35 @@ def join_job(
     if not config:
         raise StudyError(f"study {name!r} holds no autotune job; start it with `autotune tune` first")
     return TuneJob(
-        engine=EngineSettings.model_validate({**config["engine"], **engine}),
-        space=SearchSpace.model_validate(config["space"]),
-        workload=Workload.model_validate(config["workload"]),
-        study=StudySettings.model_validate({**config["study"], **study, "name": name, "storage": storage_url}),
+        engine=EngineSettings.model_validate({**_given(EngineSettings, config["engine"]), **engine}),
+        space=SearchSpace.model_validate(_given(SearchSpace, config["space"])),
+        workload=Workload.model_validate(_given(Workload, config["workload"])),
+        study=StudySettings.model_validate(
+            {**_given(StudySettings, config["study"]), **study, "name": name, "storage": storage_url}
+        ),
     )
+
+
+def _given(model: type[BaseModel], data: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored dump without the values that equal their defaults, as a user would have written
+    it: some models check which fields were given, and a full dump gives them all."""
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        field = model.model_fields.get(name)
+        if field is None:
+            out[name] = value
+            continue
+        kind = field.annotation
+        if isinstance(value, dict) and isinstance(kind, type) and issubclass(kind, BaseModel):
+            value = _given(kind, value)
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            default = _given(type(default), default.model_dump(mode="json"))
+        elif default is not None and not isinstance(default, (str, int, float, bool, list, dict)):
+            default = str(default)
+        if value != default:
+            out[name] = value
+    return out
 
 
 def run_study(job: TuneJob, progress: Progress | None = None) -> FrozenTrial | None:

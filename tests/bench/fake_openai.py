@@ -56,6 +56,8 @@ class FakeOpenAI:
     token_delay_s: float = 0.0
     fail_every: int = 0  # every n-th completion answers HTTP 500
     has_tokenize: bool = True
+    reset_route: str | None = None  # "/reset_prefix_cache" (vLLM dev mode) or "/flush_cache" (SGLang)
+    resets: int = 0
     hang: bool = False
     tok: MergingTokenizer = field(default_factory=MergingTokenizer)
     bodies: list[dict[str, Any]] = field(default_factory=list)
@@ -82,13 +84,16 @@ class FakeOpenAI:
         if path == "/detokenize":
             key = "text" if self.dialect == "sglang" else "prompt"
             return httpx.Response(200, json={key: self.tok.decode(body["tokens"])})
+        if path == self.reset_route:
+            self.resets += 1
+            return httpx.Response(200, json={"success": True})
         if path in ("/v1/completions", "/v1/chat/completions"):
             return self._complete(request, body, chat=path.endswith("chat/completions"))
         return httpx.Response(404, json={"detail": "Not Found"})
 
     def _prompt_tokens(self, body: dict[str, Any], chat: bool) -> int:
-        if chat:
-            return len(self.tok.encode(body["messages"][0]["content"], True)) + 3  # a 3-token template
+        if chat:  # BOS, then each message's content plus a 3-token template
+            return 1 + sum(len(self.tok.encode(m["content"])) + 3 for m in body["messages"])
         prompt = body["prompt"]
         return len(prompt) if isinstance(prompt, list) else len(self.tok.encode(prompt, True))
 

@@ -70,3 +70,27 @@ def test_rejects_non_positive_inputs() -> None:
         arrival_offsets(0, 1.0, 1.0, np.random.default_rng(0))
     with pytest.raises(ValueError):
         arrival_offsets(3, 1.0, 0.0, np.random.default_rng(0))
+
+
+def vllm_ramp_reference(n: int, strategy: str, start: float, end: float, rng: np.random.Generator) -> list[float]:
+    """vLLM 0.32 _get_current_request_rate + get_request with a ramp-up (Poisson, no rescale)."""
+    delays = []
+    for i in range(n):
+        progress = i / max(n - 1, 1)
+        rate = start + (end - start) * progress if strategy == "linear" else start * (end / start) ** progress
+        delays.append(float(rng.gamma(shape=1.0, scale=1.0 / rate)))
+    return np.cumsum(delays).tolist()
+
+
+@pytest.mark.parametrize("strategy", ["linear", "exponential"])
+def test_ramp_up_matches_vllm_and_speeds_up(strategy: str) -> None:
+    from autotune.bench.arrivals import ramp_rates, schedule
+    from autotune.config import Arrival, RampUp
+
+    ramp = RampUp(strategy=strategy, start_rps=2.0, end_rps=50.0)  # type: ignore[arg-type]
+    ours = schedule(400, Arrival(ramp_up=ramp), np.random.default_rng(4))
+    assert ours.tolist() == pytest.approx(vllm_ramp_reference(400, strategy, 2.0, 50.0, np.random.default_rng(4)))
+    rates = ramp_rates(400, ramp)
+    assert rates[0] == pytest.approx(2.0) and rates[-1] == pytest.approx(50.0)
+    gaps = np.diff(ours)
+    assert gaps[:100].mean() > 3 * gaps[-100:].mean()  # the rate ramps up over the run

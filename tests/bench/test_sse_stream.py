@@ -48,7 +48,9 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[float]], None]:
     return set_times
 
 
-def run(reads: list[bytes], status: int = 200, chat: bool = False, timeout_s: float = 5.0) -> RequestRecord:
+def run(
+    reads: list[bytes], status: int = 200, chat: bool = False, timeout_s: float = 5.0, collect: bool = False
+) -> RequestRecord:
     async def body() -> AsyncIterator[bytes]:
         for chunk in reads:
             yield chunk
@@ -60,7 +62,10 @@ def run(reads: list[bytes], status: int = 200, chat: bool = False, timeout_s: fl
 
     async def go() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            await stream_request(client, post(), record, timeout_s=timeout_s, chat=chat, live=LiveCounters())
+            texts: list[str] | None = [] if collect else None  # collecting text takes the JSON reading
+            await stream_request(
+                client, post(), record, timeout_s=timeout_s, chat=chat, live=LiveCounters(), texts=texts
+            )
 
     asyncio.run(go())
     return record
@@ -191,3 +196,17 @@ def test_parsed_records_feed_vllm_formulas(clock: Callable[[list[float]], None])
     assert m["mean_itl_ms"] == pytest.approx(40.0, abs=1e-9)
     assert m["mean_tpot_ms"] == pytest.approx(20.0, abs=1e-9)
     assert m["mean_e2el_ms"] == pytest.approx(180.0, abs=1e-9)
+
+
+def test_byte_pattern_token_chunks_match_the_json_reading(clock: Callable[[list[float]], None]) -> None:
+    compact = b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'
+    spaced = b'data: {"choices": [ {"index": 0, "text": ""} ]}\n\n'
+    # A quote inside a JSON string is escaped, so this text cannot pass for a choices list.
+    trap = b'data: {"choices":[],"note":"\\"choices\\":[{","usage":{"prompt_tokens":7,"completion_tokens":2}}\n\n'
+    clock([1.0, 1.1, 1.2, 1.3])
+    fast = run([compact, spaced, trap, DONE])
+    clock([1.0, 1.1, 1.2, 1.3])
+    parsed = run([compact, spaced, trap, DONE], chat=False, collect=True)
+    for r in (fast, parsed):
+        assert r.success and r.n_chunks == 2 and r.n_empty_chunks == 1 and r.output_tokens == 2
+        assert r.ttft == pytest.approx(0.1) and r.itl == pytest.approx([0.1])

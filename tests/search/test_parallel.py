@@ -91,9 +91,7 @@ def test_a_trial_needs_tp_times_pp_times_dp_gpus(tmp_path: Path) -> None:
     assert size_bounds(fixed, adapter) == (4, 4)
 
 
-def test_without_gpus_slots_are_bounded_by_cores(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_without_gpus_slots_are_bounded_by_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FAKE_GPUS_ENV, raising=False)
     monkeypatch.setattr(gpu, "_DEFAULT", [None])  # NVML absent
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
@@ -151,7 +149,9 @@ def test_parallel_search_runs_trials_at_once_on_disjoint_gpu_groups(tmp_path: Pa
         assert launched["CUDA_VISIBLE_DEVICES"] == t.user_attrs["placement"]["CUDA_VISIBLE_DEVICES"]
         assert launched["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         assert "CUDA_VISIBLE_DEVICES" not in t.user_attrs["env"]  # exported scripts stay portable
-    overlapping = [(a, b) for a in trials for b in trials if a.number < b.number and _overlap(_interval(a), _interval(b))]
+    overlapping = [
+        (a, b) for a in trials for b in trials if a.number < b.number and _overlap(_interval(a), _interval(b))
+    ]
     assert overlapping, "no two trials ran at the same time"
     for a, b in overlapping:
         assert not _devices(a) & _devices(b), f"trials {a.number} and {b.number} shared a GPU"
@@ -201,11 +201,13 @@ def _sim_engines(marker: str) -> list[int]:
 @pytest.mark.slow
 def test_sigterm_stops_every_slot_and_resume_finishes(tmp_path: Path, fake_gpus: Any) -> None:
     spec = fake_gpus("2xH100-80GB")
-    (tmp_path / "space.json").write_text(json.dumps(TP_SPACE | {"params": {"max_running": TP_SPACE["params"]["max_running"]}}))
-    (tmp_path / "wl.json").write_text(json.dumps({**WORKLOAD, "num_prompts": 400}))
+    (tmp_path / "space.json").write_text(
+        json.dumps(TP_SPACE | {"params": {"max_running": TP_SPACE["params"]["max_running"]}})
+    )
+    (tmp_path / "wl.json").write_text(json.dumps({**WORKLOAD, "num_prompts": 250}))
     cmd = [
         sys.executable, "-m", "autotune.cli", "tune", "--study", "s", "--engine", "sim", "--method", "search",
-        "--space", str(tmp_path / "space.json"), "--workload", str(tmp_path / "wl.json"), "--trials", "3",
+        "--space", str(tmp_path / "space.json"), "--workload", str(tmp_path / "wl.json"), "--trials", "2",
         "--finalists", "0", "--results", str(tmp_path), "--sim-speedup", "5", "--parallel", "2", "--seed", "0",
     ]  # fmt: skip
     env = {**os.environ, FAKE_GPUS_ENV: spec}
