@@ -26,6 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import SearchSpace, Workload
 from autotune.engines.base import EngineAdapter
+from autotune.runtime.gpu import wait_pids_released
 from autotune.search.objective import is_feasible
 from autotune.search.progress import Progress
 from autotune.search.space import distribution, suggest, suggest_param
@@ -39,6 +40,7 @@ __all__ = ["Placement", "StudyRun", "redact_env", "worker_id"]
 Placement = Callable[[dict[str, Any]], AbstractContextManager[Mapping[str, str]]]
 
 STAGE_BASELINE, STAGE_SEARCH, STAGE_VALIDATION = "baseline", "search", "validation"
+RELEASE_TIMEOUT_S = 120.0
 # Environment names that hold secrets: recorded as a reference to the variable, never by value.
 _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
@@ -173,6 +175,9 @@ class StudyRun:
             raise
         self._record(trial, result)
         self.progress.trial_finished({**result.summary(), "best": self.best_summary()})
+        # The next engine on these GPUs would fail its free-memory check: wait for the driver to
+        # release what the stopped engine held (returns at once without NVML).
+        wait_pids_released(result.engine_pids, timeout_s=RELEASE_TIMEOUT_S)
         return result
 
     def _quality_reference(self) -> Path | None:

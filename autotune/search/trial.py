@@ -76,6 +76,7 @@ class TrialResult:
     argv: list[str]
     env: dict[str, str]
     engine_args: list[str] = field(default_factory=list)  # argv after the launch command
+    engine_pids: list[int] = field(default_factory=list)  # the engine's processes at teardown
     metrics: dict[str, float] = field(default_factory=dict)
     spread: dict[str, float] = field(default_factory=dict)  # relative (max−min)/median per key
     facts: dict[str, Any] = field(default_factory=dict)
@@ -122,6 +123,7 @@ class _Trial:
     def __init__(self, spec: TrialSpec, adapter: EngineAdapter, workload: Workload, progress: Progress):
         self.spec, self.adapter, self.workload, self.progress = spec, adapter, workload, progress
         self.events: list[LogEvent] = []
+        self.proc: EngineProcess | None = None
         self.timings: dict[str, float] = {}
         spec.trial_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = spec.trial_dir / "engine.log"
@@ -252,6 +254,7 @@ def run_trial(
             on_line=t.on_line,
             startup_timeout_s=adapter.settings.startup_timeout_s,
         )
+        t.proc = proc
         with proc:
             if spec.on_launch and proc.pgid is not None:
                 spec.on_launch(proc.pgid)
@@ -289,6 +292,8 @@ def run_trial(
         result.score = score(result.outcome, {}, workload)
     t.timings["total_s"] = time.monotonic() - t0
     result.timings = t.timings
+    if t.proc is not None:
+        result.engine_pids = list(t.proc.stopped_pids)
     _write_json(spec.trial_dir / "outcome.json", _outcome_record(result))
     return result
 

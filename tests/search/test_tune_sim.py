@@ -192,3 +192,11 @@ def test_kill_9_mid_trial_then_resume(tmp_path: Path) -> None:
     searched = [t for t in study.trials if t.user_attrs["stage"] == "search" and t.number not in replaced]
     assert len([t for t in searched if t.state.is_finished()]) == 3
     assert not _sim_processes(tmp_path)
+
+
+def test_gpu_memory_release_is_awaited_for_the_stopped_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    waited: list[list[int]] = []
+    monkeypatch.setattr("autotune.search.runner.wait_pids_released", lambda pids, timeout_s: waited.append(list(pids)))
+    run_study(_job(tmp_path, SEARCH_SPACE, method="search", trials=1, finalists=0, baseline=False))
+    assert len(waited) == 1 and waited[0], "the trial's engine PIDs must be handed to the release wait"
+    assert not any(Path(f"/proc/{pid}").exists() for pid in waited[0])
