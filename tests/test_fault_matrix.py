@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,12 @@ def _engine(tmp_path: Path, fault: str, startup_timeout_s: float = 60.0, speedup
     )
 
 
+@pytest.fixture(autouse=True)
+def no_engine_outlives_its_test(tmp_path: Path, find_engines: Callable[[str, str], list[int]]) -> Iterator[None]:
+    yield
+    assert not find_engines("AUTOTUNE_TEST_MARK", str(tmp_path)), "an engine outlived its trial"
+
+
 def _run(tmp_path: Path, engine: EngineSettings, **study: Any) -> list[optuna.trial.FrozenTrial]:
     job = TuneJob(
         engine=engine,
@@ -69,21 +76,7 @@ def _run(tmp_path: Path, engine: EngineSettings, **study: Any) -> list[optuna.tr
         ),
     )
     run_study(job)
-    assert not _engines(tmp_path), "an engine outlived its trial"
     return load_study("f", job.storage_url).trials
-
-
-def _engines(tmp_path: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (entry / "cmdline").read_bytes()
-            env = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if b"autotune.sim" in cmd and f"AUTOTUNE_TEST_MARK={tmp_path}".encode() in env:
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.mark.parametrize(
@@ -138,7 +131,7 @@ def test_port_taken_under_the_engine_is_a_crash(tmp_path: Path, monkeypatch: pyt
     assert "address already in use" in Path(trials[0].user_attrs["log_path"]).read_text().lower()
 
 
-def test_ctrl_c_tears_down_and_resume_finishes(tmp_path: Path) -> None:
+def test_ctrl_c_tears_down_and_resume_finishes(tmp_path: Path, find_engines: Callable[[str, str], list[int]]) -> None:
     wl = tmp_path / "wl.yaml"
     wl.write_text(
         "name: slow\ndataset: {input_len: 256, output_len: 256}\nnum_prompts: 400\narrival: {concurrency: 4}\n"
@@ -176,15 +169,15 @@ def test_ctrl_c_tears_down_and_resume_finishes(tmp_path: Path) -> None:
     deadline = time.monotonic() + 60
     while not (log.exists() and "startup complete" in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _engines(tmp_path), "the engine never started"
+    assert find_engines("AUTOTUNE_TEST_MARK", str(tmp_path)), "the engine never started"
     time.sleep(1.0)  # into the benchmark
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "resume" in err
-    assert not _engines(tmp_path)
+    assert not find_engines("AUTOTUNE_TEST_MARK", str(tmp_path))
     storage = f"sqlite:///{tmp_path / 'c' / 'study.db'}"
     assert load_study("c", storage).trials[0].state == optuna.trial.TrialState.FAIL
     fast = [c if c != "20" else "200" for c in cmd]
     done = subprocess.run(fast, capture_output=True, text=True, timeout=300, env={**os.environ})
     assert done.returncode == 0, done.stderr
-    assert not _engines(tmp_path)
+    assert not find_engines("AUTOTUNE_TEST_MARK", str(tmp_path))

@@ -93,6 +93,24 @@ def _hover(frame: pd.DataFrame) -> list[str]:
 
 
 # ------------------------------------------------------------------------ optimisation history
+def _stage_points(group: pd.DataFrame, stage: str, x: str, y: str, value_format: str) -> go.Scatter:
+    """One stage's trials as markers in its colour; hollow where a constraint failed."""
+    return go.Scatter(
+        x=group[x],
+        y=group[y],
+        mode="markers",
+        name=stage,
+        marker={
+            "color": STAGE_COLOURS.get(stage, "#333"),
+            "size": 9,
+            "symbol": ["circle" if f else "circle-open" for f in group["feasible"]],
+            "line": {"width": 2},
+        },
+        hovertext=_hover(group),
+        hovertemplate=f"%{{hovertext}}<br>{value_format}<extra></extra>",
+    )
+
+
 def _best_so_far(served: pd.DataFrame, maximize: bool) -> pd.DataFrame:
     # Validation runs re-measure a finalist: counting them would turn noise into "progress";
     # a probe under its own (peak) load measured something else.
@@ -119,20 +137,7 @@ def history(report: StudyReport) -> Plot:
     served = frame[frame["served"].astype(bool)]
     for stage, group in served.groupby("stage", sort=False):
         fig.add_trace(
-            go.Scatter(
-                x=group["trial"],
-                y=group["value"],
-                mode="markers",
-                name=str(stage),
-                marker={
-                    "color": STAGE_COLOURS.get(str(stage), "#333"),
-                    "size": 9,
-                    "symbol": ["circle" if f else "circle-open" for f in group["feasible"]],
-                    "line": {"width": 2},
-                },
-                hovertext=_hover(group),
-                hovertemplate="%{hovertext}<br>%{y:,.1f}<extra></extra>",
-            ),
+            _stage_points(group, str(stage), "trial", "value", "%{y:,.1f}"),
             row=1,
             col=1,
         )
@@ -206,20 +211,7 @@ def pareto(report: StudyReport) -> Plot:
     fig = go.Figure()
     for stage, group in points.groupby("stage", sort=False):
         fig.add_trace(
-            go.Scatter(
-                x=group["p95_ttft_ms"],
-                y=group["output_throughput"],
-                mode="markers",
-                name=str(stage),
-                marker={
-                    "color": STAGE_COLOURS.get(str(stage), "#333"),
-                    "size": 9,
-                    "symbol": ["circle" if f else "circle-open" for f in group["feasible"]],
-                    "line": {"width": 2},
-                },
-                hovertext=_hover(group),
-                hovertemplate="%{hovertext}<br>%{x:,.0f} ms, %{y:,.1f} tok/s<extra></extra>",
-            )
+            _stage_points(group, str(stage), "p95_ttft_ms", "output_throughput", "%{x:,.0f} ms, %{y:,.1f} tok/s")
         )
     front = _pareto_front(points)
     fig.add_trace(

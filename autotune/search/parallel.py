@@ -40,13 +40,13 @@ from autotune.search.progress import Progress
 from autotune.search.runner import STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun
 from autotune.search.stages import (
     SCENARIOS,
-    _conservativeness_next,
-    _skip,
-    _snap_to_space,
+    conservativeness_next,
     memory_edge,
     plan_budget,
     scenario_of,
     sequential_stages,
+    skip_stage,
+    snap_to_space,
 )
 from autotune.search.storage import superseded
 
@@ -309,12 +309,12 @@ class _Scaled:
         run = self.run
         rest = SearchSpace(params={k: v for k, v in self.job.space.params.items() if k not in fixed})
         if not rest.params:
-            _skip(run, "scenario", "every knob of the space was decided by earlier stages")
+            skip_stage(run, "scenario", "every knob of the space was decided by earlier stages")
             return
         scenario = scenario_of(self.job.workload)
         # Only the worker that ran the sequential stages seeds the search, so two workers never
         # both run the articles' starting point.
-        opening = _snap_to_space(rest, SCENARIOS[scenario]) if self.coord.led else None
+        opening = snap_to_space(rest, SCENARIOS[scenario]) if self.coord.led else None
         follow: dict[int, dict[str, Any] | None] = {}  # thread → hint from its last result
 
         def start(first: bool) -> None:
@@ -323,7 +323,7 @@ class _Scaled:
             if first and opening is not None:
                 run.progress.message(f"scenario search ({scenario} workload): first trial from the articles' {hint}")
             result = run.run("scenario", explicit=fixed, sample=rest, hint=hint)
-            follow[me] = _conservativeness_next(run, rest, result.facts, result.flags)
+            follow[me] = conservativeness_next(run, rest, result.facts, result.flags)
 
         self._fill([_Task("scenario", lambda t: t.user_attrs.get("stage") == "scenario", quota, start)])
 

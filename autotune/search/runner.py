@@ -24,7 +24,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import SearchSpace, Workload
+from autotune.config import SearchSpace, Workload, as_given
 from autotune.engines.base import EngineAdapter
 from autotune.runtime.gpu import wait_pids_released
 from autotune.search.objective import is_feasible
@@ -130,7 +130,7 @@ class StudyRun:
             params = {**explicit, **(suggest(trial, sample) if sample else {})}
         extra = dict(extra or {})
         if workload is not None:
-            extra["workload_override"] = workload.model_dump()
+            extra["workload_override"] = workload.model_dump(mode="json")
         return self._execute(trial, stage, params, workload or self.job.workload, extra)
 
     def _execute(
@@ -230,7 +230,7 @@ class StudyRun:
             keep = ("validates", "probe", "workload_override")
             extra = {k: t.user_attrs[k] for k in keep if k in t.user_attrs}
             override = t.user_attrs.get("workload_override")
-            workload = Workload.model_validate(override) if override else None
+            workload = Workload.model_validate(as_given(Workload, override)) if override else None
             self.run(
                 t.user_attrs["stage"],
                 explicit=t.user_attrs["params"],

@@ -27,7 +27,19 @@ from autotune.outcomes import Outcome
 from autotune.search.runner import StudyRun
 from autotune.search.storage import primary_value
 
-__all__ = ["MemoryProbe", "plan_budget", "run_staged", "sequential_stages"]
+__all__ = [
+    "MemoryProbe",
+    "conservativeness_next",
+    "graph_sizes",
+    "memory_verdict",
+    "peak_workload",
+    "plan_budget",
+    "run_staged",
+    "scenario_of",
+    "sequential_stages",
+    "skip_stage",
+    "snap_to_space",
+]
 
 STEP = 0.02
 MEMORY, GRAPH, CONTEXT = "memory_fraction", "cuda_graph_max_bs", "context_len"
@@ -38,7 +50,7 @@ def plan_budget(total: int, space: SearchSpace) -> dict[str, int]:
     """Split the trial budget: a few probes for the memory edge, one per graph size, the rest
     (at least a third) for the scenario search."""
     memory = min(max(3, total // 4), 8) if MEMORY in space.params else 0
-    graph = max(0, len(_graph_sizes(space)) - 1)
+    graph = max(0, len(graph_sizes(space)) - 1)
     scenario = max(total - memory - graph, math.ceil(total / 3))
     return {"memory_edge": memory, "cuda_graph": graph, "scenario": scenario}
 
@@ -88,7 +100,8 @@ class MemoryProbe:
         return round(round(value / self.step) * self.step, 4)
 
 
-def _verdict(outcome: str, facts: Mapping[str, Any]) -> str:
+def memory_verdict(outcome: str, facts: Mapping[str, Any]) -> str:
+    """What a memory-probe trial says of its fraction: ``ok``, ``too_high``, ``too_low`` or ``failed``."""
     if outcome in (Outcome.OK, Outcome.SLO_VIOLATION):
         return "ok"
     if outcome == Outcome.KV_INSUFFICIENT:
@@ -101,13 +114,10 @@ def _verdict(outcome: str, facts: Mapping[str, Any]) -> str:
 def peak_workload(workload: Workload, concurrency: int) -> Workload:
     """The workload's peak shape: every slot busy with the longest request, all at once, so the
     KV pool, the largest prefill batch and the activation peak are all exercised."""
-    d = workload.dataset
-    longest_in = int(d.input_len * (1 + d.range_ratio))
-    longest_out = int(d.output_len * (1 + d.range_ratio))
     return workload.model_copy(
         update={
             "name": f"{workload.name}-peak",
-            "dataset": d.model_copy(update={"input_len": longest_in, "output_len": longest_out, "range_ratio": 0.0}),
+            "dataset": workload.peak_dataset(),
             "num_prompts": 2 * concurrency,
             "warmup_requests": 0,
             "arrival": workload.arrival.model_copy(update={"concurrency": concurrency, "request_rate": math.inf}),
@@ -167,10 +177,10 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
     if state is not None and state.get("done"):
         return state.get("edge")
     if MEMORY not in run.job.space.params:
-        _skip(run, "memory_edge", "the search space has no memory_fraction")
+        skip_stage(run, "memory_edge", "the search space has no memory_fraction")
         return None
     if _on_cpu(run):
-        _skip(
+        skip_stage(
             run,
             "memory_edge",
             "the CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, not from the memory fraction",
@@ -186,7 +196,7 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
         if fraction is None:
             break
         result = run.run("memory_edge", explicit={**fixed, MEMORY: fraction}, workload=peak, extra={"probe": fraction})
-        verdict = _verdict(str(result.outcome), result.facts)
+        verdict = memory_verdict(str(result.outcome), result.facts)
         if verdict != "failed":
             results[fraction] = verdict
         run.retry_failed()
@@ -214,7 +224,7 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
 def _probe_results(run: StudyRun) -> dict[float, str]:
     out: dict[float, str] = {}
     for t in run.finished("memory_edge"):
-        verdict = _verdict(str(t.user_attrs.get("outcome")), t.user_attrs.get("facts") or {})
+        verdict = memory_verdict(str(t.user_attrs.get("outcome")), t.user_attrs.get("facts") or {})
         if verdict != "failed" and "probe" in t.user_attrs:
             out[float(t.user_attrs["probe"])] = verdict
     return out
@@ -234,7 +244,8 @@ def _peak_concurrency(run: StudyRun, fixed: Mapping[str, Any]) -> int:
 
 
 # ------------------------------------------------------------------------------ CUDA graphs
-def _graph_sizes(space: SearchSpace) -> list[int]:
+def graph_sizes(space: SearchSpace) -> list[int]:
+    """The CUDA-graph batch sizes the coverage stage may try, smallest first."""
     p = space.params.get(GRAPH)
     if isinstance(p, CategoricalParam):
         return sorted(int(c) for c in p.choices)
@@ -253,12 +264,12 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float) -> dict[str, 
     state = run.stage_state("cuda_graph")
     if state is not None and state.get("done"):
         return dict(state.get("fixed", {}))
-    sizes = _graph_sizes(run.job.space)
+    sizes = graph_sizes(run.job.space)
     if not sizes:
-        _skip(run, "cuda_graph", "the search space has no cuda_graph_max_bs")
+        skip_stage(run, "cuda_graph", "the search space has no cuda_graph_max_bs")
         return {}
     if _on_cpu(run):
-        _skip(run, "cuda_graph", "the CPU build captures no CUDA graphs")
+        skip_stage(run, "cuda_graph", "the CPU build captures no CUDA graphs")
         return {}
     best: dict[str, Any] | None = None
     best_value = -math.inf
@@ -300,15 +311,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 
 def scenario_of(workload: Workload) -> str:
+    """Which of the articles' scenarios the workload is: shared prefix, long context, online or offline."""
     d = workload.dataset
     if d.prefix_len > 0:
         return "shared_prefix"
-    if d.input_len >= 8192:
+    if (d.input_dist.low + d.input_dist.high) / 2 >= 8192:  # a typical prompt, whatever the distribution
         return "long_context"
     return "online" if workload.slos else "offline"
 
 
-def _snap_to_space(space: SearchSpace, wanted: Mapping[str, Any]) -> dict[str, Any]:
+def snap_to_space(space: SearchSpace, wanted: Mapping[str, Any]) -> dict[str, Any]:
     """Keep recommended values the space can express (clipped to ranges, nearest choice)."""
     out: dict[str, Any] = {}
     for name, value in wanted.items():
@@ -342,30 +354,31 @@ def scenario_search(run: StudyRun, quota: int, fixed: dict[str, Any]) -> None:
     space = run.job.space
     rest = SearchSpace(params={k: v for k, v in space.params.items() if k not in fixed})
     if not rest.params:
-        _skip(run, "scenario", "every knob of the space was decided by earlier stages")
+        skip_stage(run, "scenario", "every knob of the space was decided by earlier stages")
         return
     hint: dict[str, Any] | None = None
     if not run.finished("scenario"):
         scenario = scenario_of(run.job.workload)
-        hint = _snap_to_space(rest, SCENARIOS[scenario])
+        hint = snap_to_space(rest, SCENARIOS[scenario])
         run.progress.message(
             f"scenario search ({scenario} workload): first trial from the articles' {hint or 'defaults'}"
         )
     while len(run.finished("scenario")) < quota and not run.out_of_time():
         result = run.run("scenario", explicit=fixed, sample=rest, hint=hint)
-        hint = _conservativeness_next(run, rest, result.facts, result.flags)
+        hint = conservativeness_next(run, rest, result.facts, result.flags)
         run.retry_failed()
 
 
-def _conservativeness_next(
+def conservativeness_next(
     run: StudyRun, rest: SearchSpace, facts: Mapping[str, Any], flags: Mapping[str, Any]
 ) -> dict[str, Any] | None:
+    """SGLang's conservativeness rule applied to a served trial: the point to try next, if any."""
     name = "schedule_conservativeness"
     if name not in rest.params:
         return None
     current = float(flags.get("--schedule-conservativeness", 1.0))
     target = conservativeness_hint(facts, current)
-    snapped = _snap_to_space(rest, {name: target}) if target is not None else {}
+    snapped = snap_to_space(rest, {name: target}) if target is not None else {}
     if snapped:
         run.progress.message(f"schedule conservativeness {current} → trying {snapped[name]} (from the engine's log)")
     return snapped or None
@@ -377,11 +390,11 @@ def context(run: StudyRun, fixed: dict[str, Any]) -> dict[str, Any]:
     if state is not None and state.get("done"):
         return dict(state.get("fixed", {}))
     if CONTEXT not in run.adapter.knobs:
-        _skip(run, "context", f"{run.adapter.name} has no context-length flag")
+        skip_stage(run, "context", f"{run.adapter.name} has no context-length flag")
         return {}
     settled = {**run.job.engine.fixed_flags, **run.job.space.fixed}
     if CONTEXT in settled or CONTEXT in run.job.space.params:
-        _skip(run, "context", "context_len is already fixed or searched by the space")
+        skip_stage(run, "context", "context_len is already fixed or searched by the space")
         return {}
     longest = run.job.workload.longest_request_tokens
     length = int(math.ceil(longest * 1.1 / 256) * 256)
@@ -396,7 +409,8 @@ def context(run: StudyRun, fixed: dict[str, Any]) -> dict[str, Any]:
     return decision
 
 
-def _skip(run: StudyRun, stage: str, why: str) -> None:
+def skip_stage(run: StudyRun, stage: str, why: str) -> None:
+    """Record ``stage`` as done-by-skipping (once) and say why."""
     if run.stage_state(stage) is None:
         run.progress.message(f"{stage}: skipped — {why}")
         run.set_stage_state(stage, {"done": True, "skipped": why})

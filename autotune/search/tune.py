@@ -18,9 +18,8 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
-from pydantic import BaseModel
 
-from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload
+from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, as_given
 from autotune.engines import get_adapter
 from autotune.engines.base import EngineAdapter
 from autotune.errors import ConfigError, StudyError
@@ -38,7 +37,7 @@ from autotune.search.storage import (
     study_dir,
 )
 
-__all__ = ["TuneJob", "check_job", "join_job", "run_study"]
+__all__ = ["TuneJob", "check_job", "join_job", "make_sampler", "run_study"]
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +127,8 @@ def check_job(job: TuneJob, adapter: EngineAdapter) -> None:
         )
 
 
-def _sampler(cfg: StudySettings) -> optuna.samplers.BaseSampler:
+def make_sampler(cfg: StudySettings) -> optuna.samplers.BaseSampler:
+    """The study's sampler: TPE (multivariate, constant liar for parallel trials), random or NSGA-II."""
     if cfg.sampler == "random":
         return optuna.samplers.RandomSampler(seed=cfg.seed)
     if cfg.sampler == "nsga2":
@@ -188,35 +188,13 @@ def join_job(
     if not config:
         raise StudyError(f"study {name!r} holds no autotune job; start it with `autotune tune` first")
     return TuneJob(
-        engine=EngineSettings.model_validate({**_given(EngineSettings, config["engine"]), **engine}),
-        space=SearchSpace.model_validate(_given(SearchSpace, config["space"])),
-        workload=Workload.model_validate(_given(Workload, config["workload"])),
+        engine=EngineSettings.model_validate({**as_given(EngineSettings, config["engine"]), **engine}),
+        space=SearchSpace.model_validate(as_given(SearchSpace, config["space"])),
+        workload=Workload.model_validate(as_given(Workload, config["workload"])),
         study=StudySettings.model_validate(
-            {**_given(StudySettings, config["study"]), **study, "name": name, "storage": storage_url}
+            {**as_given(StudySettings, config["study"]), **study, "name": name, "storage": storage_url}
         ),
     )
-
-
-def _given(model: type[BaseModel], data: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored dump without the values that equal their defaults, as a user would have written
-    it: some models check which fields were given, and a full dump gives them all."""
-    out: dict[str, Any] = {}
-    for name, value in data.items():
-        field = model.model_fields.get(name)
-        if field is None:
-            out[name] = value
-            continue
-        kind = field.annotation
-        if isinstance(value, dict) and isinstance(kind, type) and issubclass(kind, BaseModel):
-            value = _given(kind, value)
-        default = field.get_default(call_default_factory=True)
-        if isinstance(default, BaseModel):
-            default = _given(type(default), default.model_dump(mode="json"))
-        elif default is not None and not isinstance(default, (str, int, float, bool, list, dict)):
-            default = str(default)
-        if value != default:
-            out[name] = value
-    return out
 
 
 def run_study(job: TuneJob, progress: Progress | None = None) -> FrozenTrial | None:
@@ -228,7 +206,7 @@ def run_study(job: TuneJob, progress: Progress | None = None) -> FrozenTrial | N
         job.study.name,
         job.storage_url,
         directions=job.workload.objective.directions,
-        sampler=_sampler(job.study),
+        sampler=make_sampler(job.study),
         heartbeat_s=job.study.heartbeat_s,
     )
     job.dir.mkdir(parents=True, exist_ok=True)

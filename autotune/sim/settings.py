@@ -109,6 +109,15 @@ def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float
     return value
 
 
+def _num_gpus(env: Mapping[str, str]) -> int:
+    """GPUs in the pretend node: AUTOTUNE_SIM_NUM_GPUS, else those CUDA_VISIBLE_DEVICES shows
+    (a real engine sees only its group, so a TP-4 trial on a 2-GPU group fails here too), else 8."""
+    if env.get("AUTOTUNE_SIM_NUM_GPUS"):
+        return int(_number(env, "AUTOTUNE_SIM_NUM_GPUS", 8, minimum=1))
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return len(visible) or 8
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> SimSettings:
     """Read the simulator settings (``os.environ`` when ``env`` is None)."""
     env = os.environ if env is None else env
@@ -119,7 +128,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> SimSettings:
     speedup = _number(env, "AUTOTUNE_SIM_SPEEDUP", 1.0, minimum=1e-3)
     return SimSettings(
         gpu=gpu,
-        num_gpus=int(_number(env, "AUTOTUNE_SIM_NUM_GPUS", 8, minimum=1)),
+        num_gpus=_num_gpus(env),
         speedup=speedup,
         seed=int(_number(env, "AUTOTUNE_SIM_SEED", 0, minimum=-(2**63))),
         noise=_number(env, "AUTOTUNE_SIM_NOISE", 0.0, minimum=0.0),

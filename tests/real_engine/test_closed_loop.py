@@ -11,33 +11,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import optuna
 import pytest
 
-from autotune.runtime.procfs import read_cmdline, terminate_group
+from autotune.runtime.procfs import terminate_group
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
-
-ENGINE_MARKERS = ("VLLM::", "vllm.entrypoints")
-
-
-def _engines_of(marker: str) -> list[int]:
-    """Engine processes whose environment carries this test's marker."""
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        cmd = read_cmdline(int(entry.name))
-        if not any(m in cmd for m in ENGINE_MARKERS):
-            continue
-        try:
-            if marker.encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
 
 def _tune_cmd(results: Path, vllm_python: str, tiny_model: str) -> list[str]:
     return [
@@ -87,7 +70,9 @@ def _wait_for_engine_of_trial(storage: str, number: int, timeout_s: float) -> No
     pytest.fail(f"trial {number} never launched its engine")
 
 
-def test_kill_resume_export(tmp_path: Path, vllm_python: str, tiny_model: str) -> None:
+def test_kill_resume_export(
+    tmp_path: Path, vllm_python: str, tiny_model: str, find_engines: Callable[[str, str], list[int]]
+) -> None:
     marker = f"loop-{os.getpid()}-{time.time_ns()}"
     env = {**os.environ, "AUTOTUNE_TEST_MARK": marker}
     cmd = _tune_cmd(tmp_path, vllm_python, tiny_model)
@@ -98,12 +83,13 @@ def test_kill_resume_export(tmp_path: Path, vllm_python: str, tiny_model: str) -
         _wait_for_engine_of_trial(storage, 1, timeout_s=420)
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
-        assert _engines_of(marker), "a killed tuner leaves its engine running: the case resume must reap"
+        left = find_engines("AUTOTUNE_TEST_MARK", marker)
+        assert left, "a killed tuner leaves its engine running: the case resume must reap"
 
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         assert "reaped" in done.stdout
-        assert not _engines_of(marker), "no engine may outlive the resumed study"
+        assert not find_engines("AUTOTUNE_TEST_MARK", marker), "no engine may outlive the resumed study"
 
         study = optuna.load_study(study_name="loop", storage=storage)
         outcomes = [t.user_attrs.get("outcome") for t in study.trials]
@@ -116,7 +102,7 @@ def test_kill_resume_export(tmp_path: Path, vllm_python: str, tiny_model: str) -
     finally:
         if first.poll() is None:
             first.kill()
-        for pid in _engines_of(marker):
+        for pid in find_engines("AUTOTUNE_TEST_MARK", marker):
             terminate_group(os.getpgid(pid), grace_s=2)
 
 

@@ -1,12 +1,16 @@
 """The memory-edge probe: step and bisection find the same edge at 0.02 resolution, the edge
 keeps a safety step below the first failure, and too-low failures push upward."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
-from autotune.config import Workload, parse_model
-from autotune.search.stages import MemoryProbe, conservativeness_hint, peak_workload, plan_budget
+from autotune.config import Workload, as_given, load_yaml, parse_model
+from autotune.search.stages import MemoryProbe, conservativeness_hint, peak_workload, plan_budget, scenario_of
+
+WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 
 
 def _drive(probe: MemoryProbe, true_edge: float, floor: float = 0.0) -> tuple[float | None, int]:
@@ -60,9 +64,45 @@ def test_peak_workload_is_longest_requests_all_at_once() -> None:
         "t",
     )
     peak = peak_workload(wl, 128)
-    assert peak.dataset.input_len == 1500 and peak.dataset.output_len == 300 and peak.dataset.range_ratio == 0
+    assert (peak.dataset.input_dist.low, peak.dataset.input_dist.high) == (1500, 1500)
+    assert (peak.dataset.output_dist.low, peak.dataset.output_dist.high) == (300, 300)
     assert peak.arrival.concurrency == 128 and math.isinf(peak.arrival.request_rate)
     assert peak.num_prompts == 256 and not peak.slos
+
+
+def test_peak_of_a_multi_turn_workload_carries_the_whole_history() -> None:
+    wl = parse_model(
+        Workload,
+        {"dataset": {"kind": "multi_turn", "input_len": 200, "output_len": 100, "turns": 4}},
+        "t",
+    )
+    peak = peak_workload(wl, 8)
+    # One request as long as the last turn of a session: four prompts and three answers before it.
+    assert peak.dataset.kind == "random"
+    assert peak.dataset.input_dist.high + peak.dataset.output_dist.high <= wl.longest_request_tokens
+    assert peak.dataset.input_dist.high >= 4 * 200 + 3 * 100
+
+
+@pytest.mark.parametrize(
+    ("name", "scenario"),
+    [
+        ("chat", "online"),
+        ("offline-batch", "offline"),
+        ("long-context", "long_context"),
+        ("rag-prefix", "shared_prefix"),
+        ("multi-turn", "online"),
+    ],
+)
+def test_shipped_workloads_map_to_their_scenario(name: str, scenario: str) -> None:
+    assert scenario_of(load_yaml(WORKLOADS / f"{name}.yaml", Workload)) == scenario
+
+
+@pytest.mark.parametrize("name", ["chat", "offline-batch", "long-context", "rag-prefix", "multi-turn", "custom"])
+def test_a_peak_workload_survives_the_study_storage(name: str) -> None:
+    # A failed probe trial is retried from its stored workload: the dump must rebuild the same one.
+    peak = peak_workload(load_yaml(WORKLOADS / f"{name}.yaml", Workload), 16)
+    stored = json.loads(json.dumps(peak.model_dump(mode="json")))
+    assert Workload.model_validate(as_given(Workload, stored)) == peak
 
 
 def test_conservativeness_rule() -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -185,21 +186,10 @@ def test_staged_study_keeps_sequential_stages_sequential(tmp_path: Path, fake_gp
     assert all(t.params["memory_fraction"] == edge for t in scenario)
 
 
-def _sim_engines(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (entry / "cmdline").read_bytes()
-            env = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if b"autotune.sim" in cmd and marker.encode() in env:
-            found.append(int(entry.name))
-    return found
-
-
 @pytest.mark.slow
-def test_sigterm_stops_every_slot_and_resume_finishes(tmp_path: Path, fake_gpus: Any) -> None:
+def test_sigterm_stops_every_slot_and_resume_finishes(
+    tmp_path: Path, fake_gpus: Any, find_engines: Callable[[str, str], list[int]]
+) -> None:
     spec = fake_gpus("2xH100-80GB")
     (tmp_path / "space.json").write_text(
         json.dumps(TP_SPACE | {"params": {"max_running": TP_SPACE["params"]["max_running"]}})
@@ -229,7 +219,7 @@ def test_sigterm_stops_every_slot_and_resume_finishes(tmp_path: Path, fake_gpus:
     _, err = first.communicate(timeout=60)
     assert first.returncode == 130, err
     assert "interrupted" in err
-    assert not _sim_engines(spec), "an engine outlived the interrupted tuner"
+    assert not find_engines(FAKE_GPUS_ENV, spec), "an engine outlived the interrupted tuner"
     study = load_study("s", storage)
     interrupted = [t for t in study.trials if t.user_attrs.get("outcome") == "interrupted"]
     assert len(interrupted) == 2 and all(t.state == TrialState.FAIL for t in interrupted)

@@ -13,6 +13,19 @@ def test_defaults() -> None:
     assert s.vllm_version == "0.32.0" and s.sglang_version == "0.5.23" and s.faults == FaultPlan()
 
 
+@pytest.mark.parametrize(
+    ("env", "gpus"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": "2,3"}, 2),
+        ({"CUDA_VISIBLE_DEVICES": "5"}, 1),
+        ({"CUDA_VISIBLE_DEVICES": ""}, 8),
+        ({"CUDA_VISIBLE_DEVICES": "0,1", "AUTOTUNE_SIM_NUM_GPUS": "4"}, 4),
+    ],
+)
+def test_the_node_has_the_gpus_the_engine_can_see(env: dict[str, str], gpus: int) -> None:
+    assert load_settings(env).num_gpus == gpus
+
+
 def test_values_and_engine_variables_are_read() -> None:
     s = load_settings(
         {

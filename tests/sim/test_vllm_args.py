@@ -82,3 +82,10 @@ def test_both_capture_size_settings_is_an_error() -> None:
 def test_tp_must_divide_the_heads() -> None:
     with pytest.raises(ConfigFailure, match=r"heads \(28\) must be divisible by tensor parallel size \(8\)"):
         resolve(parse("--model", "qwen2.5-7b", "-tp", "8"), load_settings({}), {})
+
+
+def test_a_group_too_small_for_the_parallelism_fails_like_vllm() -> None:
+    settings = load_settings({"CUDA_VISIBLE_DEVICES": "0,1"})
+    resolve(parse("--model", "llama-3.1-8b", "-tp", "2"), settings, {})
+    with pytest.raises(ConfigFailure, match="GPUs"):
+        resolve(parse("--model", "llama-3.1-8b", "-tp", "4"), settings, {})
