@@ -30,7 +30,7 @@ demo: setup engine
 
 # The instant way to try it: the simulated H100 engine, no GPU and no engine install.
 demo-sim: setup
-	$(AUTOTUNE) tune --study demo-sim --engine sim --trials 30 --seed 0
+	$(AUTOTUNE) tune --study demo-sim --engine sim --trials 10 --finalists 2 --validation-runs 1 --seed 0
 
 lint: setup
 	$(VENV)/bin/ruff check autotune tests benchmarks

@@ -51,8 +51,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Lines are never folded at the terminal width: logs of overnight runs get grepped (tables still fit it).
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 _state = {"debug": False}
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
@@ -451,6 +452,8 @@ def _flags_text(flags: dict[str, Any]) -> str:
     for flag, value in flags.items():
         if value is True:
             words.append(flag)
+        elif isinstance(value, (dict, list)):  # JSON-valued flags (--speculative-config), as the engine reads them
+            words.append(f"{flag} {shlex.quote(json.dumps(value, separators=(',', ':')))}")
         elif value is not False and value is not None:
             words.append(f"{flag} {shlex.quote(str(value))}")
     return " ".join(words)
