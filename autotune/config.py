@@ -62,6 +62,8 @@ __all__ = [
 # Metric keys follow `vllm bench serve`'s JSON names so one parser reads ours and theirs.
 LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 THROUGHPUT_KEYS = ("output_throughput", "total_token_throughput", "request_throughput", "request_goodput")
+#: The objective that runs a capacity search in every trial: the highest load whose SLOs hold.
+CAPACITY_KEY = "max_slo_rate"
 
 
 class StrictModel(BaseModel):
@@ -513,9 +515,17 @@ class ObjectiveTerm(StrictModel):
     @field_validator("metric")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in THROUGHPUT_KEYS and not LATENCY_KEY.match(v):
-            raise ValueError(f"unknown metric {v!r}; use one of {', '.join(THROUGHPUT_KEYS)} or e.g. p95_ttft_ms")
+        if v not in (*THROUGHPUT_KEYS, CAPACITY_KEY) and not LATENCY_KEY.match(v):
+            raise ValueError(
+                f"unknown metric {v!r}; use one of {', '.join(THROUGHPUT_KEYS)}, {CAPACITY_KEY} or e.g. p95_ttft_ms"
+            )
         return v
+
+    @model_validator(mode="after")
+    def _capacity_up(self) -> ObjectiveTerm:
+        if self.metric == CAPACITY_KEY and self.direction != "maximize":
+            raise ValueError(f"{CAPACITY_KEY} is maximised (the highest load whose SLOs hold); remove direction")
+        return self
 
 
 class Objective(ObjectiveTerm):
@@ -581,6 +591,11 @@ class Workload(StrictModel):
         description="Compare each trial's greedy answers to fixed prompts with the baseline's; below this "
         "agreement (0–1) the trial is infeasible. Use with lossy knobs (fp8 KV, quantization, speculation).",
     )
+
+    @property
+    def searches_capacity(self) -> bool:
+        """Whether each trial runs a capacity search (an objective term is ``max_slo_rate``)."""
+        return any(t.metric == CAPACITY_KEY for t in self.objective.terms)
 
     @field_validator("slos")
     @classmethod

@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from autotune.bench.loadgen import run_workload
+from autotune.bench.loadgen import BenchProgress, run_workload
 from autotune.bench.metrics import slo_violations
 from autotune.bench.result import BenchResult
 from autotune.config import LATENCY_KEY, Arrival, CapacitySearch, Workload
 from autotune.errors import ConfigError
 
-__all__ = ["CapacityResult", "CapacityRun", "judge", "search_capacity", "search_capacity_async"]
+__all__ = ["CapacityResult", "CapacityRun", "check_capacity_slos", "judge", "search_capacity", "search_capacity_async"]
 
 Dimension = Literal["request_rate", "concurrency"]
 DEFAULT_BOUNDS: dict[str, tuple[float, float]] = {"request_rate": (0.1, 10_000.0), "concurrency": (1.0, 4096.0)}
@@ -128,7 +128,8 @@ def judge(result: BenchResult, workload: Workload) -> dict[str, float]:
     return over
 
 
-def _check_slos(workload: Workload, dimension: Dimension) -> None:
+def check_capacity_slos(workload: Workload, dimension: Dimension) -> None:
+    """Refuse, in one line, a workload whose SLOs cannot tell a level that holds from one that fails."""
     metrics = {m.group(3) for key in workload.slos if (m := LATENCY_KEY.match(key))}
     if not metrics:
         raise ConfigError(f"workload {workload.name}: a capacity search needs SLOs (e.g. p95_ttft_ms: 1000)")
@@ -229,6 +230,7 @@ async def search_capacity_async(
     settings: CapacitySearch | None = None,
     on_run: Callable[[CapacityRun], None] | None = None,
     workers: int | None = None,
+    on_progress: Callable[[BenchProgress], None] | None = None,
 ) -> CapacityResult:
     """Find the highest load level of ``workload`` whose SLOs hold (see the module docstring).
 
@@ -240,6 +242,7 @@ async def search_capacity_async(
         settings: Search settings; default ``workload.capacity``.
         on_run: Called after each run (progress).
         workers: Client worker processes per run (default: automatic).
+        on_progress: Passed to every run (live request and chunk counts).
 
     Returns:
         The level found, every run with its metrics, and whether the next step up failed.
@@ -249,12 +252,12 @@ async def search_capacity_async(
         BenchmarkError: As :func:`~autotune.bench.loadgen.run_workload`.
     """
     s = settings or workload.capacity
-    _check_slos(workload, s.dimension)
+    check_capacity_slos(workload, s.dimension)
     search = _Search(s)
 
     async def run(level: float) -> CapacityRun:
         w = _at_level(workload, s.dimension, level, s.seconds_per_run) if math.isfinite(level) else workload
-        result = await run_workload(base_url, w, model=model, api_key=api_key, workers=workers)
+        result = await run_workload(base_url, w, model=model, api_key=api_key, workers=workers, on_progress=on_progress)
         over = judge(result, workload)
         entry = CapacityRun(level, math.isfinite(level) and not over, over, result.to_json(), result.client_limited)
         search.runs.append(entry)
@@ -282,17 +285,9 @@ async def _start(workload: Workload, s: CapacitySearch, search: _Search, run: Ca
     return search.clamp(reached)
 
 
-def search_capacity(
-    base_url: str,
-    workload: Workload,
-    *,
-    model: str | None = None,
-    api_key: str | None = None,
-    settings: CapacitySearch | None = None,
-    on_run: Callable[[CapacityRun], None] | None = None,
-    workers: int | None = None,
-) -> CapacityResult:
-    """:func:`search_capacity_async` for synchronous callers (runs its own event loop).
+def search_capacity(base_url: str, workload: Workload, **options: Any) -> CapacityResult:
+    """:func:`search_capacity_async` for synchronous callers (runs its own event loop); the
+    keyword options are the same.
 
     Raises:
         RuntimeError: Called from inside a running event loop.
@@ -305,8 +300,4 @@ def search_capacity(
         pass
     else:
         raise RuntimeError("search_capacity was called inside an event loop; await search_capacity_async instead")
-    return asyncio.run(
-        search_capacity_async(
-            base_url, workload, model=model, api_key=api_key, settings=settings, on_run=on_run, workers=workers
-        )
-    )
+    return asyncio.run(search_capacity_async(base_url, workload, **options))

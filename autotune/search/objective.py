@@ -11,13 +11,14 @@ say nothing about the flags (crash, timeout) are told as FAIL and retried.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autotune.config import Workload
+from autotune.config import THROUGHPUT_KEYS, Workload
 from autotune.outcomes import Outcome
 
-__all__ = ["FAILED_VIOLATION", "Score", "is_feasible", "score"]
+__all__ = ["FAILED_VIOLATION", "Score", "is_feasible", "rate_bound_note", "score"]
 
 # Larger than any real SLO slack, so every flag-caused failure ranks below every served trial.
 FAILED_VIOLATION = 1e6
@@ -92,3 +93,22 @@ def score(outcome: Outcome, metrics: Mapping[str, float], workload: Workload, qu
 def is_feasible(outcome: str | None, constraints: dict[str, float] | list[float] | None) -> bool:
     values = constraints.values() if isinstance(constraints, dict) else constraints or []
     return outcome == Outcome.OK and all(c <= 0 for c in values)
+
+
+def rate_bound_note(workload: Workload) -> str | None:
+    """Why a throughput objective may rank nothing under this workload (or None when it can).
+
+    Requests sent at a set rate make every config that keeps up serve the same tokens/s: the
+    objective then separates only configs that fall behind, and the rest differ by noise.
+    """
+    arrival = workload.arrival
+    paced = arrival.ramp_up is not None or math.isfinite(arrival.request_rate)
+    metric = workload.objective.metric
+    if not paced or metric not in THROUGHPUT_KEYS:
+        return None
+    rate = "a ramped rate" if arrival.ramp_up is not None else f"{arrival.request_rate:g} requests/s"
+    return (
+        f"note: workload {workload.name} sends {rate}, so every config that keeps up serves the same "
+        f"{metric}; to rank configs by headroom use objective max_slo_rate (capacity search) or a latency "
+        "objective, or send requests at a fixed concurrency"
+    )

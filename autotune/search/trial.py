@@ -22,9 +22,10 @@ from typing import Any
 
 from autotune import __version__
 from autotune.bench import prometheus, quality
+from autotune.bench.capacity import search_capacity
 from autotune.bench.instruments import run_engine_client
 from autotune.bench.loadgen import BenchProgress, run_workload_sync
-from autotune.config import Workload
+from autotune.config import CAPACITY_KEY, Workload
 from autotune.engines.base import STARTUP_FATAL, EngineAdapter, EventKind, LaunchSpec, LogEvent
 from autotune.errors import (
     AutotuneError,
@@ -153,6 +154,8 @@ class _Trial:
                 )
                 if self.workload.client != "autotune":  # the engine's own benchmark client measures
                     runs.append(self._engine_client(launch, i))
+                elif self.workload.searches_capacity and self.workload.slos:  # a probe's peak load has none
+                    runs.append(self._capacity(launch))
                 else:
                     result = run_workload_sync(
                         launch.base_url,
@@ -172,6 +175,23 @@ class _Trial:
         facts["client_limited"] = any(r.get("client_limited") for r in runs)
         _write_json(self.spec.trial_dir / "bench.json", {"schema_version": SCHEMA_VERSION, "runs": runs})
         return runs, facts
+
+    def _capacity(self, launch: LaunchSpec) -> dict[str, Any]:
+        """A capacity search scored as one run: the metrics of the run at the level found (of the
+        lowest level run when none held, so its SLO violations show), plus ``max_slo_rate``."""
+        found = search_capacity(
+            launch.base_url,
+            self.workload,
+            api_key=self.adapter.api_key(),
+            on_progress=self._bench_progress,
+            on_run=lambda r: self.progress.message(
+                f"  capacity: {r.level:,.2f} {'holds' if r.passed else 'fails'}"
+                + ("" if r.passed else f" ({', '.join(sorted(r.violations))})")
+            ),
+        )
+        judged = [r for r in found.runs if math.isfinite(r.level)] or found.runs
+        shown = found.best or min(judged, key=lambda r: r.level)
+        return {**shown.metrics, CAPACITY_KEY: found.value, "capacity": found.to_json()}
 
     def _engine_client(self, launch: LaunchSpec, repeat: int) -> dict[str, Any]:
         """One run of the engine's own benchmark client, its saved result in client/<repeat>/."""

@@ -19,11 +19,13 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.bench.capacity import check_capacity_slos
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, as_given
 from autotune.engines import get_adapter
 from autotune.engines.base import EngineAdapter
 from autotune.errors import ConfigError, StudyError
 from autotune.runtime.reaper import reap_process_groups
+from autotune.search.objective import rate_bound_note
 from autotune.search.parallel import run_scaled, scales_out
 from autotune.search.progress import NullProgress, Progress
 from autotune.search.runner import STAGE_SEARCH, StudyRun
@@ -116,6 +118,8 @@ def check_job(job: TuneJob, adapter: EngineAdapter) -> None:
             f"search space {job.space.name or '(unnamed)'} is for {job.space.engine}, not {job.engine.kind}; "
             "pick a space for this engine"
         )
+    if job.workload.searches_capacity:
+        check_capacity_slos(job.workload, job.workload.capacity.dimension)
     every_flag = adapter.to_flags({**job.engine.fixed_flags, **job.space.fixed, **dict.fromkeys(job.space.params)})
     adapter.validate_flags(every_flag)
     context = adapter.to_flags({**job.engine.fixed_flags, **job.space.fixed}).get(adapter.knobs.get("context_len", ""))
@@ -173,9 +177,7 @@ def _resume(study: optuna.Study, job: TuneJob, progress: Progress) -> None:
         progress.message(f"resumed: {len(stale)} interrupted trial(s) marked failed, {len(reaped)} engine(s) reaped")
 
 
-def join_job(
-    name: str, storage_url: str, *, engine: Mapping[str, Any], study: Mapping[str, Any]
-) -> TuneJob:
+def join_job(name: str, storage_url: str, *, engine: Mapping[str, Any], study: Mapping[str, Any]) -> TuneJob:
     """The job of an existing study, as its first worker stored it, for another worker to join.
 
     ``engine`` and ``study`` override what is local to this worker: the engine's Python or
@@ -213,6 +215,8 @@ def run_study(job: TuneJob, progress: Progress | None = None) -> FrozenTrial | N
     _resume(study, job, progress)
     run = StudyRun(job, adapter, study, progress)
     progress.study_started(job.study.name, job.study.trials, len(run.finished(STAGE_SEARCH)))
+    if note := rate_bound_note(job.workload):
+        progress.message(note)
     if scales_out(job):
         run_scaled(run)
     elif job.study.method == "staged":

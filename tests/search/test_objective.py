@@ -1,8 +1,11 @@
 """Scoring: failures never look good; SLO violations are constraints, not hidden values."""
 
+import pytest
+
 from autotune.config import Workload, parse_model
+from autotune.errors import ConfigError
 from autotune.outcomes import Outcome
-from autotune.search.objective import FAILED_VIOLATION, is_feasible, score
+from autotune.search.objective import FAILED_VIOLATION, is_feasible, rate_bound_note, score
 
 WL = parse_model(Workload, {"slos": {"p95_ttft_ms": 1000}, "max_error_rate": 0.01}, "t")
 
@@ -62,3 +65,19 @@ def test_multi_objective_values_and_throughput_floor() -> None:
     assert s.violations["throughput_floor"] == 0.2
     failed = score(Outcome.OOM_RUNTIME, {}, wl)
     assert failed.values[0] == 0.0 and failed.values[1] > 1e9
+
+
+def test_throughput_at_a_set_rate_gets_a_note_and_closed_loops_do_not() -> None:
+    paced = parse_model(Workload, {"name": "chat", "arrival": {"request_rate": 8}}, "w")
+    note = rate_bound_note(paced)
+    assert note is not None and "8 requests/s" in note and "max_slo_rate" in note
+    assert rate_bound_note(parse_model(Workload, {"arrival": {"concurrency": 32}}, "w")) is None
+    capacity = {"arrival": {"request_rate": 8}, "slos": {"p95_ttft_ms": 500}, "objective": {"metric": "max_slo_rate"}}
+    assert rate_bound_note(parse_model(Workload, capacity, "w")) is None
+    latency = {"arrival": {"request_rate": 8}, "objective": {"metric": "p95_ttft_ms", "direction": "minimize"}}
+    assert rate_bound_note(parse_model(Workload, latency, "w")) is None
+
+
+def test_max_slo_rate_is_only_maximised() -> None:
+    with pytest.raises(ConfigError, match="max_slo_rate is maximised"):
+        parse_model(Workload, {"objective": {"metric": "max_slo_rate", "direction": "minimize"}}, "w")

@@ -16,6 +16,7 @@ import optuna
 import pytest
 
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.errors import ConfigError
 from autotune.search.storage import best_trial, load_study, superseded, validation
 from autotune.search.tune import TuneJob, run_study
 
@@ -200,3 +201,42 @@ def test_gpu_memory_release_is_awaited_for_the_stopped_engine(tmp_path: Path, mo
     run_study(_job(tmp_path, SEARCH_SPACE, method="search", trials=1, finalists=0, baseline=False))
     assert len(waited) == 1 and waited[0], "the trial's engine PIDs must be handed to the release wait"
     assert not any(Path(f"/proc/{pid}").exists() for pid in waited[0])
+
+
+CAPACITY_WORKLOAD = {
+    "name": "sim-capacity",
+    "dataset": {"input_len": 256, "output_len": 16},
+    "warmup_requests": 1,
+    "arrival": {"request_rate": 2},
+    "slos": {"p95_ttft_ms": 5000},
+    "objective": {"metric": "max_slo_rate"},
+    "capacity": {"high": 16, "max_runs": 4, "seconds_per_run": 1, "confirm": False},
+}
+
+
+def test_max_slo_rate_scores_each_trial_by_a_capacity_search(tmp_path: Path) -> None:
+    job = _job(tmp_path, SEARCH_SPACE, method="search", trials=1, baseline=False, finalists=0,
+               workload=CAPACITY_WORKLOAD)  # fmt: skip
+    best = run_study(job)
+    assert best is not None
+    found = best.user_attrs["metrics"]["max_slo_rate"]
+    assert best.value == found and found > 2  # the search went above the workload's own 2 req/s
+    runs = json.loads((Path(best.user_attrs["trial_dir"]) / "bench.json").read_text())["runs"]
+    levels = [r["level"] for r in runs[0]["capacity"]["runs"]]
+    assert levels[0] == 2 and found in levels and all(r["passed"] for r in runs[0]["capacity"]["runs"])
+
+
+def test_max_slo_rate_with_slos_nothing_meets_is_infeasible(tmp_path: Path) -> None:
+    workload = {**CAPACITY_WORKLOAD, "slos": {"p95_ttft_ms": 0.001}, "capacity": {"max_runs": 2, "seconds_per_run": 1}}
+    job = _job(tmp_path, SEARCH_SPACE, method="search", trials=1, baseline=False, finalists=0, workload=workload)
+    assert run_study(job) is None
+    (trial,) = load_study("t", job.storage_url).trials
+    assert trial.user_attrs["metrics"]["max_slo_rate"] == 0
+    assert trial.user_attrs["outcome"] == "slo_violation"
+
+
+def test_max_slo_rate_without_a_queue_visible_slo_is_refused(tmp_path: Path) -> None:
+    workload = {**CAPACITY_WORKLOAD, "slos": {"p95_tpot_ms": 50}}
+    job = _job(tmp_path, SEARCH_SPACE, method="search", trials=1, workload=workload)
+    with pytest.raises(ConfigError, match="needs a TTFT or E2EL SLO"):
+        run_study(job)
