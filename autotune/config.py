@@ -593,6 +593,11 @@ class Workload(StrictModel):
     )
 
     @property
+    def judges_latency(self) -> bool:
+        """Whether a latency decides anything: an SLO, or a latency objective."""
+        return bool(self.slos) or any(LATENCY_KEY.match(t.metric) for t in self.objective.terms)
+
+    @property
     def searches_capacity(self) -> bool:
         """Whether each trial runs a capacity search (an objective term is ``max_slo_rate``)."""
         return any(t.metric == CAPACITY_KEY for t in self.objective.terms)
@@ -750,6 +755,10 @@ class StudySettings(StrictModel):
     finalists: int = Field(default=2, ge=0, description="Top trials re-run with fresh engines.")
     validation_runs: int = Field(default=2, ge=0, description="Fresh-engine re-runs per finalist.")
     retries: int = Field(default=1, ge=0, description="Re-runs of a trial that crashed or timed out.")
+    partition_cpus: bool = Field(
+        default=True,
+        description="With an engine on this host's CPUs, pin it and the load generator to separate cores.",
+    )
     sampler: Literal["tpe", "random", "nsga2"] = "tpe"
     seed: int | None = None
     baseline: bool = Field(default=True, description="Run the engine's defaults first.")

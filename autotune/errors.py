@@ -22,9 +22,11 @@ from pathlib import Path
 __all__ = [
     "AutotuneError",
     "BenchmarkError",
+    "ClientLimited",
     "ConfigError",
     "EngineCrashed",
     "EngineError",
+    "EngineFailsRegardless",
     "EngineStartupError",
     "InvalidFlags",
     "StartupTimeout",
@@ -83,5 +85,17 @@ class BenchmarkError(AutotuneError):
     """The load generator could not run (server unreachable, tokenizer endpoint missing, ...)."""
 
 
+class ClientLimited(BenchmarkError):
+    """Every run of a trial was limited by the client (its self-check, or client-side failures)."""
+
+
 class StudyError(AutotuneError):
     """The Optuna storage could not be opened, created or written."""
+
+
+class EngineFailsRegardless(AutotuneError):
+    """The engine fails the same way under different flags: tuning its flags cannot help.
+
+    Raised after the trials that show it are recorded; the study keeps them, and its
+    ``stopped`` attribute holds the diagnosis for ``status`` and the report.
+    """

@@ -21,6 +21,9 @@ class Outcome(StrEnum):
     INVALID_FLAGS = "invalid_flags"
     STARTUP_TIMEOUT = "startup_timeout"
     CRASH = "crash"
+    # The load generator, not the engine, limited every run (starved of CPU, or requests lost
+    # on the client's side): the engine was not measured. Retried; never a score.
+    CLIENT_LIMITED = "client_limited"
 
     @property
     def served(self) -> bool:
@@ -30,7 +33,7 @@ class Outcome(StrEnum):
     @property
     def retryable(self) -> bool:
         """Infrastructure-looking failures are retried once; flag-caused ones never are."""
-        return self in (Outcome.STARTUP_TIMEOUT, Outcome.CRASH)
+        return self in (Outcome.STARTUP_TIMEOUT, Outcome.CRASH, Outcome.CLIENT_LIMITED)
 
     @property
     def memory_related(self) -> bool:

@@ -5,9 +5,9 @@ A :class:`Dispatcher` serves an in-process run and each worker process of a shar
 session's absolute start time, creates one task per session, and a semaphore (when the shard has
 a concurrency cap) gates every request; ``client_queue_time`` is the wait for it. A later turn
 leaves its think time after the previous answer's last token and carries the history; when a
-turn fails, the rest of its session is not sent (and counts as failed: those requests were not
-served). Records are pre-built before the start, one per turn, so a result is complete even
-when the deadline cuts the run short.
+turn fails, the rest of its session is not sent (and counts as failed, on the side of the turn
+that failed: those requests were not served). Records are pre-built before the start, one per
+turn, so a result is complete even when the deadline cuts the run short.
 
 The loop's health is measured at the same time (CPU share of the loop thread, wake-up lag of a
 10 ms timer, send lag against the schedule) for the client self-check.
@@ -26,7 +26,7 @@ from time import monotonic
 import httpx
 
 from autotune.bench.bodies import History, RequestFactory
-from autotune.bench.metrics import RequestRecord
+from autotune.bench.metrics import CLIENT, RequestRecord
 from autotune.bench.plan import Session
 from autotune.bench.selfcheck import probe_loop
 from autotune.bench.stream import LiveCounters, stream_request
@@ -118,6 +118,7 @@ def _mark_cut(records: Sequence[RequestRecord], deadline_s: float) -> None:
             continue
         sent = "cancelled" if r.start_time else "not sent"
         r.error = f"{sent} at the run deadline ({deadline_s:g} s)"
+        r.failure_side = CLIENT  # the client's own bound cut it, not an answer of the engine
 
 
 class Dispatcher:
@@ -182,17 +183,18 @@ class Dispatcher:
                 assert history is not None
                 request = self.factory.follow_up(history, turn)
             answer = await self._stream(request, rec, sem)
-            rec.client_queue_time = rec.start_time - arrival
+            rec.client_queue_time = rec.start_time - rec.retry_delay_s - arrival
             self.on_done(rec)
             if not rec.success:
-                self._abandon(recs[i + 1 :], i)
+                self._abandon(recs[i + 1 :], rec)
                 return
             if i + 1 < len(session.turns):
                 history = self.factory.extend(history, turn, answer)
 
-    def _abandon(self, rest: Sequence[RequestRecord], failed_turn: int) -> None:
+    def _abandon(self, rest: Sequence[RequestRecord], failed: RequestRecord) -> None:
         for r in rest:
-            r.error = f"not sent: turn {failed_turn} of its session failed"
+            r.error = f"not sent: turn {failed.turn} of its session failed"
+            r.failure_side = failed.failure_side
             self.on_done(r)
 
     async def warmup(

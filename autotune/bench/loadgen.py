@@ -4,8 +4,10 @@ A run mirrors ``vllm bench serve``: the engine's prefix cache is reset where it 
 requests go first (excluded), then sessions (single requests, for single-turn datasets) are
 released on the precomputed arrival schedule and every request is gated by a semaphore when the
 workload caps concurrency; the duration runs from the first planned dispatch to after the last
-request. Each run draws fresh prompt content with the same lengths (a per-run *salt*), so repeats
-against one engine do not hit each other's prefix cache; shared prefixes stay shared within a run.
+request. Each run draws fresh prompt content with the same lengths (a per-run *salt*, random, so
+that runs in different processes differ too; recorded in the result), so repeats against one
+engine do not hit each other's prefix cache; shared prefixes stay shared within a run. A reset of
+the prefix cache that was asked for and failed is a warning in the result.
 
 Modules: what to send in :mod:`~autotune.bench.plan` (lengths in :mod:`~autotune.bench.lengths`,
 exact-length prompts in :mod:`~autotune.bench.prompts`), request bodies and histories in
@@ -20,16 +22,24 @@ builds every request before the run, keeps tokenizers off the hot path, freezes 
 during the run (as vLLM does), and above a few dozen concurrent streams or ~150 requests/s
 shards the run over worker processes (:func:`auto_workers`). It then checks itself: a run whose
 event loop lagged, whose sends fell behind the schedule, or whose loop thread was CPU-bound is
-flagged ``client_limited`` with the reason.
+flagged ``client_limited`` with the reason and its kind (``starved``, ``cpu_bound``,
+``schedule_behind``).
+
+Failures are data, each with its side (``engine``: the server answered with a failure;
+``client``: the client or the transport failed), and only engine-side failures count in
+``error_rate``. Idle connections are dropped before the server's keep-alive runs out, and a
+request whose connection failed before any answer byte is resent once on a fresh connection
+(:mod:`autotune.bench.stream`); what still fails on the client side is counted
+(``failed_client``) so a caller can discard the run instead of blaming the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import math
 import resource
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import monotonic
@@ -41,13 +51,13 @@ from autotune.bench.arrivals import schedule
 from autotune.bench.bodies import RequestFactory, RequestShape
 from autotune.bench.cache import reset_prefix_cache
 from autotune.bench.dispatch import Dispatcher, Shard, ShardOutcome
-from autotune.bench.metrics import RequestRecord, compute_metrics, request_slos, workload_percentiles
+from autotune.bench.metrics import CLIENT, RequestRecord, compute_metrics, request_slos, workload_percentiles
 from autotune.bench.plan import Plan, Session, build_plan
 from autotune.bench.prompts import PromptFormat, ServerTokenizer
 from autotune.bench.result import BenchProgress, BenchResult
-from autotune.bench.selfcheck import ClientCheck, assess_client
+from autotune.bench.selfcheck import ClientCheck, assess_client, lag_tolerance
 from autotune.bench.stream import LiveCounters
-from autotune.bench.transport import ClientLanes, make_client
+from autotune.bench.transport import ClientLanes, keepalive_expiry, make_client
 from autotune.bench.workers import WorkerJob, WorkerPool, available_cpus, make_shards, split_concurrency
 from autotune.config import Workload
 from autotune.errors import BenchmarkError
@@ -57,6 +67,7 @@ __all__ = [
     "BenchResult",
     "ClientCheck",
     "auto_workers",
+    "new_salt",
     "run_workload",
     "run_workload_sync",
 ]
@@ -72,7 +83,17 @@ REQUEST_RATE_PER_WORKER = 150.0
 MAX_AUTO_WORKERS = 8
 EXPONENTIAL_THINK_BOUND = 10.0  # an exponential think time is bounded by this many means (deadline only)
 
-_salts = itertools.count()  # one fresh salt per run in this process: 0, 1, 2, ...
+SALT_BITS = 32
+
+
+def new_salt() -> int:
+    """A fresh prompt-content salt: random (from the OS), never 0 (0 is the seed's own content).
+
+    Not a per-process counter: two runs in two processes (two ``autotune bench`` calls, a trial
+    and its re-run) must not send the same texts, or the second finds them in the engine's
+    prefix cache.
+    """
+    return 1 + secrets.randbelow(2**SALT_BITS - 1)
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -206,6 +227,7 @@ class _RunSpec:
     workload: Workload
     shape: RequestShape
     tls: bool
+    keepalive_s: float
     plan: Plan
     warm: Plan | None
     offsets: list[float]
@@ -241,7 +263,9 @@ def _check(
     loop_lags = [lag for o in outcomes for lag in o.loop_lags]
     w = spec.workload
     paced = not math.isinf(w.arrival.request_rate) or w.arrival.ramp_up is not None
-    return assess_client(cpu_share, lags, loop_lags, paced)
+    duration = max((o.end for o in outcomes), default=t0) - t0
+    tolerance = lag_tolerance(w.slos, latency_judged=w.judges_latency, duration_s=duration)
+    return assess_client(cpu_share, lags, loop_lags, paced, tolerance)
 
 
 async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
@@ -271,7 +295,16 @@ async def _measure_sharded(spec: _RunSpec, workers: int) -> _Measured:
     warm = spec.warm_sessions
     warm_caps = split_concurrency(w.arrival.concurrency, workers)
     jobs = [
-        WorkerJob(spec.shape, spec.tls, spec.collect_text, warm[i::workers], warm_caps[i], shard, spec.deadline_s)
+        WorkerJob(
+            spec.shape,
+            spec.tls,
+            spec.collect_text,
+            warm[i::workers],
+            warm_caps[i],
+            shard,
+            spec.deadline_s,
+            spec.keepalive_s,
+        )
         for i, shard in enumerate(shards)
     ]
     async with WorkerPool(jobs) as pool:
@@ -303,6 +336,7 @@ async def run_workload(
     prompt_format: PromptFormat | None = None,
     workers: int | None = None,
     salt: int | None = None,
+    server_keep_alive_s: float | None = None,
 ) -> BenchResult:
     """Run ``workload`` against the server at ``base_url`` and measure it.
 
@@ -320,8 +354,12 @@ async def run_workload(
         prompt_format: ``ids`` or ``text``; default ``ids`` for single-turn completions, else
             ``text`` (see :mod:`autotune.bench.prompts` for the trade-off).
         workers: Event loops (processes) to spread the run over; default :func:`auto_workers`.
-        salt: Prompt-content salt; default a fresh one per run when the workload asks for fresh
-            prompts (the first run in a process gets the seed's own content), else 0.
+        salt: Prompt-content salt; default a fresh random one per run (:func:`new_salt`) when
+            the workload asks for fresh prompts, else 0 (the seed's own content, the same in
+            every run). Pass one to repeat a run's exact prompts.
+        server_keep_alive_s: The server's keep-alive timeout, when known (vLLM's
+            ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``); the client drops idle connections a second before
+            it (:func:`~autotune.bench.transport.keepalive_expiry`). Default: the engines' 5 s.
 
     Returns:
         The measured result; failed requests are data in it, not exceptions.
@@ -338,14 +376,17 @@ async def run_workload(
     headers = _headers(api_key)
     _raise_open_files_limit()
     tls = base.startswith("https://")
-    http = client or make_client(workload.request_timeout_s, verify=tls)
-    lanes = ClientLanes(workload.request_timeout_s, shared=client, tls=tls)
+    keepalive_s = keepalive_expiry(server_keep_alive_s)
+    http = client or make_client(workload.request_timeout_s, verify=tls, keepalive_expiry_s=keepalive_s)
+    lanes = ClientLanes(workload.request_timeout_s, shared=client, tls=tls, keepalive_expiry_s=keepalive_s)
     if salt is None:
-        salt = next(_salts) if workload.fresh_prompts_per_run else 0
+        salt = new_salt() if workload.fresh_prompts_per_run else 0
     try:
         served = model or await _served_model(http, base, headers)
         reset = await reset_prefix_cache(http, base, headers) if workload.reset_prefix_cache else None
-        spec = await _spec(http, base, served, headers, workload, fmt, salt, tls, deadline_s, on_progress)
+        spec = await _spec(
+            http, base, served, headers, workload, fmt, salt, (tls, keepalive_s), deadline_s, on_progress
+        )
         n = 1 if client is not None else (workers or auto_workers(workload, available_cpus()))
         measured = await (_measure_inline(spec, lanes) if n == 1 else _measure_sharded(spec, n))
     finally:
@@ -363,7 +404,7 @@ async def _spec(
     w: Workload,
     fmt: PromptFormat,
     salt: int,
-    tls: bool,
+    connection: tuple[bool, float],
     deadline_s: float | None,
     on_progress: Callable[[BenchProgress], None] | None,
 ) -> _RunSpec:
@@ -377,7 +418,8 @@ async def _spec(
     turns = max(len(s.turns) for s in plan.sessions)
     deadline = deadline_s if deadline_s is not None else _default_deadline(w, float(offsets[-1]), turns)
     shape = RequestShape(base + _route(w), model, w.endpoint == "chat", headers, w.request_timeout_s)
-    return _RunSpec(w, shape, tls, plan, warm, offsets.tolist(), deadline, on_progress)
+    tls, keepalive_s = connection
+    return _RunSpec(w, shape, tls, keepalive_s, plan, warm, offsets.tolist(), deadline, on_progress)
 
 
 def _count_clamped(records: Sequence[RequestRecord]) -> int:
@@ -389,6 +431,27 @@ def _count_prompt_mismatches(records: Sequence[RequestRecord]) -> int:
         r.success and r.usage_seen and r.expected_prompt_len > 0 and r.prompt_len != r.expected_prompt_len
         for r in records
     )
+
+
+def _warnings(w: Workload, reset: str | None, records: Sequence[RequestRecord]) -> list[str]:
+    """What a caller should print with the result: a prefix cache that could not be reset when the
+    workload asked for it, and requests the client lost."""
+    out = []
+    if reset is not None and reset.startswith("failed"):
+        out.append(f"prefix cache could not be reset: {reset.removeprefix('failed: ')}")
+    elif reset == "unsupported" and not w.fresh_prompts_per_run:
+        out.append(
+            "prefix cache could not be reset (no reset route: vLLM needs VLLM_SERVER_DEV_MODE=1) and the "
+            "prompts repeat across runs (fresh_prompts_per_run: false): this run may hit an earlier run's cache"
+        )
+    lost = [r.error for r in records if not r.success and r.failure_side == CLIENT]
+    if lost:
+        common = max(set(lost), key=lost.count)
+        out.append(
+            f"{len(lost)} request(s) failed on the client side (not counted in error_rate; the run is not "
+            f"a clean measurement), e.g. {common}"
+        )
+    return out
 
 
 def _result(w: Workload, model: str, plan: Plan, m: _Measured, salt: int, reset: str | None) -> BenchResult:
@@ -415,6 +478,7 @@ def _result(w: Workload, model: str, plan: Plan, m: _Measured, salt: int, reset:
         num_sessions=len(plan.sessions),
         salt=salt,
         prefix_cache_reset=reset,
+        warnings=_warnings(w, reset, m.records),
         client_workers=m.workers,
         client_cpu_s=m.cpu_s,
     )

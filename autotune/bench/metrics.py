@@ -11,9 +11,17 @@ parser reads our JSON and vLLM's, and the numbers mean the same thing:
 * Goodput counts a request as good when every chosen per-request metric is ≤ its bound
   (TPOT counts as 0 when n ≤ 1).
 
-One deliberate difference: vLLM reports a statistic over an empty set as 0 (``np.mean(x or 0)``),
-which reads as a perfect latency to an optimiser. Here it is NaN, and ``BenchResult.to_json``
-writes it as ``null``.
+Deliberate differences:
+
+* vLLM reports a statistic over an empty set as 0 (``np.mean(x or 0)``), which reads as a
+  perfect latency to an optimiser. Here it is NaN, and ``BenchResult.to_json`` writes it as
+  ``null``.
+* Each failed request says which side failed (``failure_side``): ``engine`` when the server
+  answered with a failure (HTTP status, an error event, no tokens), ``client`` when the client or
+  the transport failed (a write into a connection the server had closed, a connection lost
+  before or during the answer, a local timeout). ``failed`` still counts both (as vLLM's does);
+  ``error_rate`` counts engine-side failures only, over the requests the engine got to answer,
+  because a request the client lost says nothing about the engine's configuration.
 """
 
 from __future__ import annotations
@@ -21,14 +29,18 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from autotune.config import LATENCY_KEY
 
 __all__ = [
+    "CLIENT",
     "DEFAULT_PERCENTILES",
+    "ENGINE",
     "GOODPUT_METRICS",
+    "FailureSide",
     "RequestRecord",
     "compute_metrics",
     "latency_stats",
@@ -42,6 +54,10 @@ DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 # Per-request metrics vLLM's --goodput accepts (bounds in milliseconds).
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
+FailureSide = Literal["", "engine", "client"]
+ENGINE: FailureSide = "engine"  # the server answered, with a failure
+CLIENT: FailureSide = "client"  # the client or the transport failed; the engine gave no verdict
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -51,6 +67,13 @@ class RequestRecord:
     Attributes:
         success: HTTP 200, at least one chunk with choices, and no error event in the stream.
         error: One line saying why the request failed ("" on success).
+        failure_side: ``engine`` (HTTP status other than 200, an error event or a malformed
+            stream, no token chunk) or ``client`` (connection lost or refused by the transport,
+            write into a closed connection, local timeout, run deadline); "" on success.
+        retried: The first attempt never reached the server (no response byte) and the request
+            was sent once more on a fresh connection; timings are the retry's.
+        retry_delay_s: Seconds from the first attempt's send to the retry's send.
+        retry_error: Why the first attempt failed ("" when not retried).
         prompt_len: Prompt tokens; the planned length until the server's ``usage`` overwrites it.
         expected_prompt_len: The prompt length the prompt builder aimed for (0 when unknown).
         expected_output_len: ``max_tokens`` sent with the request.
@@ -58,10 +81,12 @@ class RequestRecord:
         ttft: First token chunk minus ``start_time``.
         itl: Gaps between consecutive token chunks.
         latency: Last token chunk minus ``start_time`` (usage and ``[DONE]`` excluded).
-        start_time: Just before the request was sent (after the concurrency semaphore).
+        start_time: Just before the request was sent (after the concurrency semaphore); for a
+            retried request, just before the retry was sent.
         first_token_time: Arrival of the first token chunk.
         end_time: Arrival of the last token chunk.
-        client_queue_time: Time spent waiting for the concurrency semaphore.
+        client_queue_time: Time spent waiting for the concurrency semaphore (a retry's delay
+            excluded).
         schedule_lag: How late the request left against its planned arrival time.
         n_chunks: Chunks with non-empty ``choices`` (token events).
         n_empty_chunks: Token events whose text was empty (chat role chunk, partial UTF-8).
@@ -72,6 +97,10 @@ class RequestRecord:
 
     success: bool = False
     error: str = ""
+    failure_side: FailureSide = ""
+    retried: bool = False
+    retry_delay_s: float = 0.0
+    retry_error: str = ""
     prompt_len: int = 0
     expected_prompt_len: int = 0
     expected_output_len: int = 0
@@ -200,8 +229,10 @@ def compute_metrics(
             ``--goodput``); ``request_goodput`` is present only when given.
 
     Returns:
-        A flat dict with vLLM's JSON key names (``completed``, ``output_throughput``,
-        ``p99_ttft_ms`` ...), ``error_rate`` and ``mean_tokens_per_chunk``.
+        A flat dict with vLLM's JSON key names (``completed``, ``failed``, ``output_throughput``,
+        ``p99_ttft_ms`` ...), ``failed_engine`` and ``failed_client`` (``failed`` split by side),
+        ``error_rate`` (engine-side failures over the requests not lost by the client) and
+        ``mean_tokens_per_chunk``.
 
     Raises:
         ValueError: ``duration_s`` is not positive, or a goodput metric is unknown.
@@ -211,6 +242,9 @@ def compute_metrics(
     ps = list(percentiles)
     ok = [r for r in records if r.success]
     failed = len(records) - len(ok)
+    failed_client = sum(not r.success and r.failure_side == CLIENT for r in records)
+    failed_engine = failed - failed_client  # a failure without a side is the engine's (conservative)
+    answerable = len(records) - failed_client
     total_in = sum(r.prompt_len for r in ok)
     total_out = sum(r.output_len for r in ok)
     chunks = sum(r.n_chunks for r in ok)
@@ -219,7 +253,9 @@ def compute_metrics(
         "duration": duration_s,
         "completed": len(ok),
         "failed": failed,
-        "error_rate": failed / len(records) if records else 0.0,
+        "failed_engine": failed_engine,
+        "failed_client": failed_client,
+        "error_rate": failed_engine / answerable if answerable else 0.0,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "request_throughput": len(ok) / duration_s,

@@ -12,6 +12,11 @@ queues what arrives; a read takes what is queued or waits for the next ``data_re
 Timeouts use ``asyncio.timeout`` and only when one is set (the load generator sets none per
 read: each request has a total deadline). Errors are httpcore's own, so httpx maps them as usual.
 :func:`asyncio_transport` builds an ``httpx.AsyncHTTPTransport`` whose pool uses it.
+
+Reads are tallied per request attempt (:func:`count_reads`, a context variable: httpcore reads in
+the task that sends the request), so the load generator knows whether a failed attempt received
+any byte of an answer, the line between "never reached the server, safe to resend" and "the
+server was answering".
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import socket
 import ssl
 from collections.abc import Iterable, Iterator
@@ -27,10 +33,37 @@ from typing import Any
 import httpcore
 import httpx
 
-__all__ = ["AsyncioBackend", "AsyncioStream", "asyncio_transport"]
+__all__ = ["AsyncioBackend", "AsyncioStream", "ReadTally", "asyncio_transport", "count_reads"]
 
 # httpcore's own type of a socket option (``httpcore._backends.base.SOCKET_OPTION``).
 SocketOption = tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]
+
+
+class ReadTally:
+    """Bytes the current task read from any connection of this backend while it was counting."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
+_TALLY: contextvars.ContextVar[ReadTally | None] = contextvars.ContextVar("autotune_read_tally", default=None)
+
+
+@contextlib.contextmanager
+def count_reads() -> Iterator[ReadTally]:
+    """Count the bytes this task reads through :class:`AsyncioStream` inside the block.
+
+    Only reads through this backend are seen: with another transport (a test's
+    ``httpx.MockTransport``) the tally stays 0.
+    """
+    tally = ReadTally()
+    token = _TALLY.set(tally)
+    try:
+        yield tally
+    finally:
+        _TALLY.reset(token)
 
 
 @contextlib.contextmanager
@@ -121,6 +154,9 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         if len(chunk) > max_bytes:
             p.chunks.appendleft(chunk[max_bytes:])
             chunk = chunk[:max_bytes]
+        tally = _TALLY.get()
+        if tally is not None:
+            tally.bytes += len(chunk)
         return chunk
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
@@ -191,15 +227,16 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         await asyncio.sleep(seconds)
 
 
-def asyncio_transport(verify: ssl.SSLContext | bool) -> httpx.AsyncHTTPTransport:
+def asyncio_transport(verify: ssl.SSLContext | bool, keepalive_expiry_s: float) -> httpx.AsyncHTTPTransport:
     """An ``httpx.AsyncHTTPTransport`` (keep-alive, no connection cap) whose pool reads and writes
-    through :class:`AsyncioBackend`.
+    through :class:`AsyncioBackend`; an idle connection is dropped after ``keepalive_expiry_s``
+    (see :data:`autotune.bench.transport.KEEPALIVE_EXPIRY_S`).
 
     httpx has no option for the network backend, so the transport's pool is rebuilt with the
     same settings plus the backend; should a future httpx keep its pool elsewhere, the
     transport is returned unchanged (anyio's backend: slower, same results).
     """
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=keepalive_expiry_s)
     transport = httpx.AsyncHTTPTransport(verify=verify, limits=limits, trust_env=False)
     pool = getattr(transport, "_pool", None)
     if isinstance(pool, httpcore.AsyncConnectionPool):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from autotune.bench.metrics import RequestRecord, latency_stats, workload_percentiles
+from autotune.bench.metrics import CLIENT, RequestRecord, latency_stats, workload_percentiles
 from autotune.bench.prompts import PromptFormat
 from autotune.bench.selfcheck import ClientCheck
 from autotune.config import Workload
@@ -61,9 +61,12 @@ class BenchResult:
         warmup_failed: Warm-up requests that failed.
         max_model_len: The server's context length, when its ``/tokenize`` reported it.
         num_sessions: Sessions of the run (= requests for single-turn datasets).
-        salt: The prompt-content salt of the run (0: the seed's own content).
+        salt: The prompt-content salt of the run (0: the seed's own content; by default a random
+            one per run, so runs in different processes send different texts).
         prefix_cache_reset: The route that reset the engine's prefix cache before the run,
             ``"unsupported"``, ``"failed: ..."``, or None when the workload did not ask.
+        warnings: One line each for a caller to print: a prefix cache that could not be reset
+            although the workload asked for it, requests the client lost.
         client_workers: Event loops (processes) that generated the load.
         client_cpu_s: CPU seconds the event-loop threads spent on the measured run, all workers.
         date: Local start time, ``YYYYmmdd-HHMMSS`` as vLLM writes it.
@@ -85,6 +88,7 @@ class BenchResult:
     num_sessions: int = 0
     salt: int = 0
     prefix_cache_reset: str | None = None
+    warnings: list[str] = field(default_factory=list)
     client_workers: int = 1
     client_cpu_s: float = 0.0
     date: str = field(default_factory=lambda: datetime.now().strftime("%Y%m%d-%H%M%S"))
@@ -98,10 +102,32 @@ class BenchResult:
     def client_limited_reason(self) -> str:
         return self.client.reason
 
+    @property
+    def client_limited_kind(self) -> str:
+        """``starved``, ``cpu_bound``, ``schedule_behind`` or "" (see :class:`ClientCheck`)."""
+        return self.client.kind
+
+    @property
+    def client_failures(self) -> int:
+        """Requests that failed on the client side (transport, local timeout, run deadline), after
+        the one retry of a request that never reached the server. They are not in ``error_rate``;
+        a run with any is no clean measurement of the engine, and a tuner should discard it rather
+        than score the configuration by it."""
+        return sum(not r.success and r.failure_side == CLIENT for r in self.records)
+
+    @property
+    def retried_requests(self) -> int:
+        """Requests sent a second time because the first attempt never reached the server."""
+        return sum(r.retried for r in self.records)
+
     def to_json(self, *, detailed: bool = False) -> dict[str, Any]:
         """A JSON-ready dict: ``vllm bench serve``'s result keys at the top level, then ours.
 
-        NaN statistics (no successful request) are written as ``null``.
+        NaN statistics (no successful request) are written as ``null``. ``failed`` counts every
+        failed request (as vLLM's); ``failed_engine`` + ``failed_client`` split it by side and
+        ``error_rate`` counts the engine's side only. Ours include ``client_failures`` (=
+        ``failed_client``), ``client_error_samples``, ``retried_requests``, ``salt``,
+        ``warnings`` and ``client_limited_kind``.
 
         Args:
             detailed: Add vLLM's per-request arrays (``input_lens``, ``ttfts``, ``itls``, ...).
@@ -152,6 +178,7 @@ class BenchResult:
             "num_sessions": self.num_sessions,
             "prompt_format": self.prompt_format,
             "prefix_cache_reset": self.prefix_cache_reset,
+            "warnings": list(self.warnings),
             "warmup_requests": w.warmup_requests,
             "warmup_failed": self.warmup_failed,
             "clamped_requests": self.clamped_requests,
@@ -163,11 +190,17 @@ class BenchResult:
             "client_cpu_s": self.client_cpu_s,
             "client_limited": c.limited,
             "client_limited_reason": c.reason,
+            "client_limited_kind": c.kind,
+            "client_lag_tolerance_ms": c.lag_tolerance_ms,
             "client_cpu_share": c.cpu_share,
             "p99_schedule_lag_ms": c.p99_schedule_lag_ms,
             "p99_loop_lag_ms": c.p99_loop_lag_ms,
             "max_loop_lag_ms": c.max_loop_lag_ms,
             "error_samples": _error_samples(self.records),
+            "client_failures": self.client_failures,
+            "client_error_samples": _error_samples([r for r in self.records if r.failure_side == CLIENT]),
+            "retried_requests": self.retried_requests,
+            "retry_samples": _retry_samples(self.records),
         }
 
     def _per_request(self) -> dict[str, list[Any]]:
@@ -182,6 +215,9 @@ class BenchResult:
             "queue_times": [r.client_queue_time for r in rs],
             "schedule_lags": [r.schedule_lag for r in rs],
             "errors": [r.error for r in rs],
+            "failure_sides": [r.failure_side for r in rs],
+            "retried": [r.retried for r in rs],
+            "retry_delays": [r.retry_delay_s for r in rs],
             "session_ids": [r.session for r in rs],
             "turn_ids": [r.turn for r in rs],
         }
@@ -215,9 +251,18 @@ def _backend(w: Workload) -> str:
     return "openai" if w.endpoint == "completions" else "openai-chat"
 
 
-def _error_samples(records: Sequence[RequestRecord], limit: int = 5) -> dict[str, int]:
+def _count_top(texts: Sequence[str], limit: int) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for r in records:
-        if r.error:
-            counts[r.error] = counts.get(r.error, 0) + 1
+    for text in texts:
+        if text:
+            counts[text] = counts.get(text, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:limit])
+
+
+def _error_samples(records: Sequence[RequestRecord], limit: int = 5) -> dict[str, int]:
+    return _count_top([r.error for r in records], limit)
+
+
+def _retry_samples(records: Sequence[RequestRecord], limit: int = 3) -> dict[str, int]:
+    """Why first attempts failed, for the retried requests."""
+    return _count_top([r.retry_error for r in records if r.retried], limit)

@@ -21,6 +21,22 @@ Differences, each on purpose:
   taken in different worker processes can be merged.
 * The request also has a total deadline (``asyncio.timeout``); vLLM has only a 6-hour session
   timeout.
+* A failure says which side failed (``RequestRecord.failure_side``): ``engine`` when the server
+  answered (a status other than 200, an error event, a malformed or token-less stream, or a
+  stream that broke after its first byte: the server was serving it), ``client`` when the client
+  or the transport failed before any answer (a write into a closed keep-alive connection, a
+  connection lost or reset before the first byte, a local timeout). A refused connection counts
+  as ``engine``: nothing listens, the server is down.
+* An attempt that never reached the server is sent once more, on a fresh connection, before it
+  counts: the connection failed (``Server disconnected without sending a response``, a read or
+  write error such as a broken pipe or a reset, a connect error) before *any* byte of an answer
+  arrived. That is what a keep-alive connection the server closed while the client was stalled
+  looks like (see :mod:`autotune.bench.transport`). The request's timings are the retry's (TTFT
+  and E2EL from the retry's send); the record says it was retried, after how long and why. A
+  request is never resent once a byte of the answer arrived (the server was serving it: a resend
+  would count its work twice) nor when the server answered with a failure. Bytes are counted by
+  the load generator's network backend (:func:`~autotune.bench.netbackend.count_reads`); through
+  another transport an error raised before the response headers is taken as "no byte".
 
 The body is read with ``aiter_raw`` (requests ask for ``Accept-Encoding: identity``, so raw bytes
 are the payload) and split into lines here: one layer less per chunk than ``aiter_bytes``, and
@@ -32,6 +48,7 @@ errors and anything unusual are parsed.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import re
 from collections.abc import Mapping
@@ -41,7 +58,8 @@ from typing import Any
 
 import httpx
 
-from autotune.bench.metrics import RequestRecord
+from autotune.bench.metrics import CLIENT, ENGINE, FailureSide, RequestRecord
+from autotune.bench.netbackend import count_reads
 
 __all__ = ["LiveCounters", "stream_request"]
 
@@ -60,12 +78,61 @@ _TOKEN_CHUNK = re.compile(rb'"choices":\s*\[\s*\{')
 _EMPTY_TEXT = re.compile(rb'"text":\s*""')
 
 
+# httpcore's words when the connection ended before a single byte of the answer (h11 still waits
+# for the status line).
+NO_RESPONSE = "Server disconnected without sending a response"
+# Transport errors that, raised before any answer byte, mean the request may never have reached
+# the server (a WriteError is swallowed by httpcore, which then reads the broken connection and
+# raises one of the others; a ConnectError means the request was never written).
+_RESENDABLE = (httpx.ReadError, httpx.WriteError, httpx.ConnectError)
+_REFUSED = f"[Errno {errno.ECONNREFUSED}]"
+
+
 class _StreamFailed(Exception):
     """The stream said the request failed (an error event or a payload that is not JSON)."""
 
 
+class _NeverReached(Exception):
+    """An attempt's connection failed before any byte of an answer arrived (safe to resend)."""
+
+    def __init__(self, err: httpx.HTTPError) -> None:
+        super().__init__(_describe(err))
+        self.side = _transport_side(err)
+
+
 def _one_line(text: str, limit: int = 300) -> str:
     return " ".join(text.split())[:limit]
+
+
+def _describe(err: BaseException) -> str:
+    return _one_line(f"{type(err).__name__}: {err}")
+
+
+def _never_answered(err: httpx.HTTPError, received: int) -> bool:
+    """Whether ``err`` (raised while sending, before the response headers) left the request
+    unanswered: no answer byte arrived and the connection, not the server's answer, failed."""
+    if received:
+        return False
+    if isinstance(err, httpx.RemoteProtocolError):
+        return str(err).startswith(NO_RESPONSE)
+    return isinstance(err, _RESENDABLE)
+
+
+def _refused(err: BaseException) -> bool:
+    """A connection refused: nothing listens on the server's port."""
+    seen: BaseException | None = err
+    for _ in range(8):  # the cause chain: httpx error <- httpcore error <- OSError
+        if seen is None:
+            break
+        if isinstance(seen, ConnectionRefusedError) or _REFUSED in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "connection refused" in str(err).lower()
+
+
+def _transport_side(err: httpx.HTTPError) -> FailureSide:
+    """A transport failure is the client's, except a refused connection: the server is down."""
+    return ENGINE if isinstance(err, httpx.ConnectError) and _refused(err) else CLIENT
 
 
 def _error_text(data: Mapping[str, Any]) -> str:
@@ -153,6 +220,7 @@ class _SseTimer:
         rec = self.record
         if self.first:
             rec.error = "stream ended without a token chunk"
+            rec.failure_side = ENGINE
             return
         rec.latency = self.last - self.start
         rec.end_time = self.last
@@ -174,6 +242,47 @@ async def _read_stream(resp: httpx.Response, timer: _SseTimer) -> None:
         timer.line(buf, monotonic())
 
 
+async def _attempt(
+    client: httpx.AsyncClient,
+    request: httpx.Request,
+    record: RequestRecord,
+    chat: bool,
+    live: LiveCounters,
+    texts: list[str] | None,
+) -> None:
+    """Send once and stream the answer into ``record``.
+
+    Raises:
+        _NeverReached: The connection failed before any answer byte (the caller may resend).
+        _StreamFailed, httpx.HTTPError, ...: Other failures, classified by the caller.
+    """
+    start = monotonic()
+    record.start_time = start
+    timer = _SseTimer(record, start, chat, live, texts)
+    with count_reads() as tally:
+        try:
+            resp = await client.send(request, stream=True)
+        except httpx.HTTPError as err:
+            if _never_answered(err, tally.bytes):
+                raise _NeverReached(err) from err
+            raise
+    try:
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")
+            record.error = f"HTTP {resp.status_code}: {_one_line(text)}"
+            record.failure_side = ENGINE
+            return
+        await _read_stream(resp, timer)
+    finally:
+        await resp.aclose()
+    timer.finish()
+
+
+def _fail(record: RequestRecord, error: str, side: FailureSide) -> None:
+    record.error = error
+    record.failure_side = side
+
+
 async def stream_request(
     client: httpx.AsyncClient,
     request: httpx.Request,
@@ -186,42 +295,42 @@ async def stream_request(
 ) -> None:
     """Send one streaming request and fill ``record`` with its timings and outcome.
 
-    Never raises for request failures: they end up in ``record.error`` with
-    ``record.success = False``. Cancellation propagates.
+    Never raises for request failures: they end up in ``record.error`` (with
+    ``record.failure_side``) and ``record.success = False``. An attempt whose connection failed
+    before any answer byte is sent once more on a fresh connection (see the module docstring).
+    Cancellation propagates.
 
     Args:
-        client: The client to send on (a load-generator lane).
+        client: The client to send on (a load-generator lane: one connection, so a failed one is
+            closed and the retry opens a fresh one).
         request: Built before the run (URL parsing and header handling cost client CPU).
-        record: Filled in place; ``start_time`` is set here.
-        timeout_s: Total deadline for the request.
+        record: Filled in place; ``start_time`` is set here (to the retry's send when retried).
+        timeout_s: Total deadline for the request, a retry included.
         chat: Whether the endpoint is chat completions (text is in ``delta.content``).
         live: Shared counters for live progress.
         texts: Collects the generated text pieces when given (a multi-turn history needs them).
     """
-    start = monotonic()
-    record.start_time = start
-    timer = _SseTimer(record, start, chat, live, texts)
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await client.send(request, stream=True)
             try:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")
-                    record.error = f"HTTP {resp.status_code}: {_one_line(text)}"
-                    return
-                await _read_stream(resp, timer)
-            finally:
-                await resp.aclose()
+                await _attempt(client, request, record, chat, live, texts)
+            except _NeverReached as first:
+                sent = record.start_time
+                record.retried = True
+                record.retry_error = str(first)
+                try:
+                    await _attempt(client, request, record, chat, live, texts)
+                finally:
+                    record.retry_delay_s = record.start_time - sent
+    except _NeverReached as err:  # the retry never reached the server either
+        _fail(record, str(err), err.side)
     except _StreamFailed as err:
-        record.error = str(err)
-        return
+        _fail(record, str(err), ENGINE)
     except TimeoutError:
-        record.error = f"timed out after {timeout_s:g} s"
-        return
+        _fail(record, f"timed out after {timeout_s:g} s", CLIENT)
     except httpx.HTTPError as err:
-        record.error = _one_line(f"{type(err).__name__}: {err}")
-        return
+        # Bytes of the answer had arrived (else _NeverReached): the server began serving the
+        # request and the stream broke on its side (a cut connection, a dying engine).
+        _fail(record, _describe(err), ENGINE)
     except (AttributeError, KeyError, TypeError, ValueError) as err:  # a malformed event shape
-        record.error = _one_line(f"malformed stream: {type(err).__name__}: {err}")
-        return
-    timer.finish()
+        _fail(record, _one_line(f"malformed stream: {type(err).__name__}: {err}"), ENGINE)

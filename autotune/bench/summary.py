@@ -26,8 +26,12 @@ def _num(value: Any, spec: str = ",.1f") -> str:
 def result_rows(result: BenchResult) -> list[tuple[str, str]]:
     """``(label, value)`` rows: counts, throughputs, latency statistics, SLO verdict, client check."""
     m, w = result.metrics, result.workload
+    failed = f"{m['failed']} failed"
+    if m["failed"]:
+        failed += f" ({m.get('failed_engine', m['failed'])} engine, {m.get('failed_client', 0)} client)"
+    retried = f", {result.retried_requests} retried" if result.retried_requests else ""
     rows = [
-        ("requests", f"{m['completed']} ok, {m['failed']} failed ({result.num_sessions} sessions)"),
+        ("requests", f"{m['completed']} ok, {failed}{retried} ({result.num_sessions} sessions)"),
         ("duration s", _num(m["duration"], ".2f")),
         ("request throughput req/s", _num(m["request_throughput"], ",.2f")),
         ("output throughput tok/s", _num(m["output_throughput"])),
@@ -44,6 +48,7 @@ def result_rows(result: BenchResult) -> list[tuple[str, str]]:
         rows.append(("SLOs", verdict))
     rows.append(("prefix cache reset", result.prefix_cache_reset or "not asked"))
     rows.append(("client", f"{result.client_workers} worker(s); " + (result.client.reason or "kept up")))
+    rows.extend(("warning", text) for text in result.warnings)
     return rows
 
 

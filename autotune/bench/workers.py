@@ -41,7 +41,7 @@ from autotune.bench.dispatch import Dispatcher, Shard, ShardOutcome
 from autotune.bench.metrics import RequestRecord
 from autotune.bench.plan import Session
 from autotune.bench.stream import LiveCounters
-from autotune.bench.transport import ClientLanes
+from autotune.bench.transport import KEEPALIVE_EXPIRY_S, ClientLanes
 from autotune.errors import BenchmarkError
 
 __all__ = ["WorkerJob", "WorkerPool", "available_cpus", "make_shards", "split_concurrency"]
@@ -64,6 +64,7 @@ class WorkerJob:
     warm_concurrency: int | None
     shard: Shard
     deadline_s: float
+    keepalive_s: float = KEEPALIVE_EXPIRY_S  # idle-connection expiry of its clients (transport.keepalive_expiry)
 
 
 def split_concurrency(total: int | None, workers: int) -> list[int | None]:
@@ -145,7 +146,7 @@ async def _report(channel: _Channel, counts: _Counts, live: LiveCounters) -> Non
 
 
 async def _work(channel: _Channel, job: WorkerJob) -> None:
-    lanes = ClientLanes(job.shape.timeout_s, tls=job.tls)
+    lanes = ClientLanes(job.shape.timeout_s, tls=job.tls, keepalive_expiry_s=job.keepalive_s)
     live, measured = LiveCounters(), _Counts()
     dispatcher = Dispatcher(RequestFactory(job.shape), lanes, live, measured.add, job.collect_text)
     try:

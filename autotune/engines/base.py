@@ -63,6 +63,9 @@ class EventKind(StrEnum):
     FATAL = "fatal"  # the engine said it is dead (runtime engine-core death etc.)
     PREEMPTION = "preemption"  # vLLM never logs these; SGLang retraction warnings land here
     DECODE_BATCH = "decode_batch"  # SGLang periodic line: running, token_usage, cuda_graph, queue
+    WORKER_DIED = "worker_died"  # data: worker, exit_code (None when unknown), signal? (e.g. "SIGILL")
+    EXCEPTION = "exception"  # data: type, message — an exception line that is not a known wrapper
+    IN_FLIGHT = "in_flight"  # data: running?, waiting?, prompt_lens? — the engine's dump at its death
 
 
 # Events that end the wait for readiness at once: the engine will not become ready.
@@ -73,6 +76,7 @@ STARTUP_FATAL = frozenset(
         EventKind.INVALID_ARGS,
         EventKind.PORT_IN_USE,
         EventKind.FATAL,
+        EventKind.WORKER_DIED,
     }
 )
 
@@ -232,6 +236,16 @@ class EngineAdapter(ABC):
         name = self.settings.api_key_env
         return os.environ.get(name) if name else None
 
+    def runs_on_cpu(self) -> bool:
+        """Whether the installed engine computes on this host's CPUs (then it competes with the
+        load generator for cores, and the tuner partitions them). GPU engines: False."""
+        return False
+
+    def measurement_env(self) -> dict[str, str]:
+        """Environment the tuner adds to its own trials because it changes nothing measured but
+        keeps the measurement sound (recorded with each trial, left out of exports)."""
+        return {}
+
     # ------------------------------------------------------------------------- launch command
     def launch_prefix(self) -> list[str]:
         """The command before the flags: the configured command, or `<python> -m <module>`."""
@@ -277,13 +291,21 @@ class EngineAdapter(ABC):
                 _fold_json_flag(out, key, value)
             elif key in self.knobs:
                 out[self.knobs[key]] = value
-            elif key.startswith("-") or "_" in key or "-" in key:
+            elif key.startswith("-") or "_" in key or "-" in key or self._is_engine_flag(key):
                 out[canonical_flag(key)] = value
             else:
                 raise InvalidFlags(
                     f"knob {key!r} has no {self.name} flag; portable knobs: {', '.join(sorted(self.knobs))}"
                 )
         return out
+
+    def _is_engine_flag(self, word: str) -> bool:
+        """A one-word raw flag such as ``dtype``: accepted when the installed engine has ``--dtype``
+        (a one-word name is otherwise more likely a misspelt knob, refused with the knob list)."""
+        try:
+            return canonical_flag(word) in self.discover_flags()
+        except InvalidFlags:  # an engine that cannot print its help is reported by validate_flags
+            return False
 
     def validate_flags(self, flags: Iterable[str]) -> None:
         """Raise InvalidFlags (before any launch) for a flag the installed engine does not have."""

@@ -34,6 +34,7 @@ import httpx
 
 from autotune.config import EngineSettings
 from autotune.engines.base import EngineAdapter, EventKind, FlagSet, LaunchSpec, LogEvent, samples_named
+from autotune.engines.rootcause import exception_event
 from autotune.errors import EngineError, InvalidFlags
 from autotune.outcomes import Outcome
 
@@ -352,7 +353,7 @@ def _fatal_event(line: str) -> LogEvent | None:
     and the parent kills its tree at once anyway."""
     died = _DIED_AT_INIT.search(line)
     if died:
-        return LogEvent(EventKind.FATAL, line, {"reason": "scheduler_died", "exit_code": int(died.group(1))})
+        return LogEvent(EventKind.WORKER_DIED, line, {"worker": "scheduler", "exit_code": int(died.group(1))})
     if _WATCHDOG.search(line):
         return LogEvent(EventKind.FATAL, line, {"reason": "watchdog"})
     return None
@@ -376,7 +377,8 @@ def parse_line(line: str) -> LogEvent | None:
         # A single request needs more KV than the pool can free: the pool is too small.
         data = {"memory_direction": TOO_LOW, "stage": "decode", "request": aborted.group(1)}
         return LogEvent(EventKind.OOM_RUNTIME, line, data)
-    return _startup_event(line) or _fatal_event(line)
+    # Last: the final line of "Scheduler hit an exception: Traceback ..." names the cause.
+    return _startup_event(line) or _fatal_event(line) or exception_event(line)
 
 
 def _startup_event(line: str) -> LogEvent | None:
@@ -653,7 +655,8 @@ class SglangAdapter(EngineAdapter):
                 return Outcome.KV_INSUFFICIENT if event.data.get("memory_direction") == TOO_LOW else Outcome.OOM_STARTUP
         if returncode == 2 or any(e.kind == EventKind.INVALID_ARGS for e in events):
             return Outcome.INVALID_FLAGS
-        if returncode is None and not any(e.kind in (EventKind.FATAL, EventKind.PORT_IN_USE) for e in events):
+        ended = (EventKind.FATAL, EventKind.WORKER_DIED, EventKind.PORT_IN_USE)
+        if returncode is None and not any(e.kind in ended for e in events):
             return Outcome.STARTUP_TIMEOUT
         return Outcome.CRASH
 

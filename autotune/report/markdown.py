@@ -40,8 +40,10 @@ def _intro(report: StudyReport) -> list[str]:
 
 
 def _winner(report: StudyReport) -> list[str]:
+    stopped = [f"**Stopped early:** {report.stopped_line}.", ""] if report.stopped_line else []
     if report.winner is None:
-        return ["## Winner", "", "No trial met the SLOs yet; see the failures below.", ""]
+        text = report.no_winner_text
+        return ["## Winner", "", *stopped, f"{text[0].upper()}{text[1:]}; see the failures below.", ""]
     gain = report.objective_gain
     change = (
         f", **{gain.change:+.1%}** against the engine defaults"
@@ -49,7 +51,8 @@ def _winner(report: StudyReport) -> list[str]:
         else " (no served baseline to compare with)"
     )
     headline = f"`{report.objective}` **{format_number(report.winner_value)}** ({report.winner_runs_text}){change}."
-    return [f"## Winner: trial #{report.winner.number}", "", headline, ""]
+    verdict = [f"Measured side by side with the defaults: {report.verdict_line}.", ""] if report.verdict_line else []
+    return [f"## Winner: trial #{report.winner.number}", "", headline, "", *verdict]
 
 
 def _change(gain: Gain) -> str:

@@ -36,7 +36,11 @@ __all__ = [
     "LatencyCdf",
     "StudyReport",
     "TrialNote",
+    "explain",
     "format_number",
+    "format_value",
+    "launch_counts",
+    "no_winner_text",
     "summarize",
 ]
 
@@ -162,6 +166,10 @@ class StudyReport:
     cdfs: dict[str, LatencyCdf] = field(default_factory=dict)
     stage_states: dict[str, dict[str, Any]] = field(default_factory=dict)
     generated: str = ""
+    # The tuner's own conclusions: the winner against the defaults in paired runs, and why the
+    # study stopped early (an engine that fails whatever the flags), as the tuning loop stored them.
+    verdict_line: str = ""
+    stopped_line: str = ""
 
     @property
     def winner_value(self) -> float | None:
@@ -192,6 +200,29 @@ class StudyReport:
     def objective_gain(self) -> Gain | None:
         return next((g for g in self.gains if g.key == self.objective), None)
 
+    @property
+    def no_winner_text(self) -> str:
+        """Why there is no winner, by what happened: trials that served and missed the SLOs, or
+        launches that never served (counted by outcome)."""
+        return no_winner_text(self.trials)
+
+
+def no_winner_text(trials: Sequence[FrozenTrial]) -> str:
+    """The sentence for a study without a feasible trial: "no trial met the SLOs" only when
+    trials served the workload and missed them; otherwise what the launches came to."""
+    finished = [t for t in trials if t.state.is_finished()]
+    counts = dict(Counter(_outcome(t) for t in finished))
+    # A memory probe served its own peak load, not the workload: it says nothing about the SLOs.
+    served = [t for t in finished if _served(t) and not t.user_attrs.get("workload_override")]
+    if served:
+        missed = sum(1 for t in served if _outcome(t) == "slo_violation")
+        return (
+            f"no trial met the SLOs: {len(served)} served the workload"
+            + (f" and {missed} missed them" if missed else " but none was feasible")
+            + f" ({launch_counts(counts)})"
+        )
+    return f"no trial served the workload: {launch_counts(counts)}"
+
 
 # ------------------------------------------------------------------------------------ helpers
 def format_number(value: float | None) -> str:
@@ -200,6 +231,35 @@ def format_number(value: float | None) -> str:
         return "–"
     digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
     return f"{value:,.{digits}f}"
+
+
+def format_value(value: Any) -> str:
+    """A knob or flag value at the precision it was set: ``0.88`` (not 0.9), ``2048`` (not
+    2,048.0), booleans as ``true``/``false``; "" for a missing value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        # A stepped float is stored as low + k·step (0.8400000000000001): show what was meant.
+        return repr(round(value, 10))
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def launch_counts(outcomes: Mapping[str, int]) -> str:
+    """What the launches came to, by outcome: "4 launches, all `oom_startup`" or
+    "5 launches: oom_startup 3, crash 2"."""
+    total = sum(outcomes.values())
+    noun = "launch" if total == 1 else "launches"
+    if not outcomes:
+        return "no launch finished"
+    if len(outcomes) == 1:
+        (outcome,) = outcomes
+        return f"1 launch, `{outcome}`" if total == 1 else f"{total} {noun}, all `{outcome}`"
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"{total} {noun}: {parts}"
 
 
 def knob_value(attrs: Mapping[str, Any], knob: str) -> Any:
@@ -290,7 +350,7 @@ def _flag_text(value: Any) -> str:
     return str(value)
 
 
-def _explain(t: FrozenTrial) -> str:
+def explain(t: FrozenTrial) -> str:
     """The line a person needs: the engine's log line, the violated SLOs, or the state."""
     ua = t.user_attrs
     if ua.get("reason"):
@@ -298,12 +358,23 @@ def _explain(t: FrozenTrial) -> str:
     outcome = _outcome(t)
     if outcome == "slo_violation":
         violations = ua.get("violations") or {}
-        return "; ".join(f"{k} {v:+.0%} over its bound" for k, v in violations.items()) or "missed an SLO"
+        return "; ".join(_violation_text(k, v) for k, v in violations.items()) or "missed an SLO"
     if outcome == "unstable":
         return "failed at least one validation re-run with the same flags"
     if outcome == "interrupted":
         return "the tuner stopped during this trial"
     return ""
+
+
+def _violation_text(key: str, amount: Any) -> str:
+    """One missed bound: latency SLOs are relative slack, the error rate an absolute share."""
+    if not isinstance(amount, (int, float)):
+        return f"{key} missed"
+    if key == "error_rate":
+        return f"error rate {amount:.1%} over its bound"
+    if amount >= 1e5:  # FAILED_VIOLATION: nothing measured it
+        return f"{key} not measured"
+    return f"{key} {amount:+.0%} over its bound"
 
 
 def _failures(trials: Sequence[FrozenTrial]) -> list[TrialNote]:
@@ -313,7 +384,7 @@ def _failures(trials: Sequence[FrozenTrial]) -> list[TrialNote]:
             str(t.user_attrs.get("stage", "")),
             _outcome(t),
             dict(t.user_attrs.get("flags") or {}),
-            _explain(t),
+            explain(t),
             str(t.user_attrs.get("log_path") or ""),
         )
         for t in trials
@@ -472,4 +543,6 @@ def summarize(study: optuna.Study) -> StudyReport:
             if k.startswith("stage.") and isinstance(v, dict)
         },
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        verdict_line=str((study.user_attrs.get("verdict") or {}).get("line", "")),
+        stopped_line=str((study.user_attrs.get("stopped") or {}).get("line", "")),
     )

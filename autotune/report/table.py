@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import optuna
@@ -9,7 +10,7 @@ import pandas as pd
 
 from autotune.search.storage import validation
 
-__all__ = ["KEY_METRICS", "trials_frame"]
+__all__ = ["KEY_METRICS", "parquet_ready", "trials_frame"]
 
 KEY_METRICS = (
     "output_throughput",
@@ -47,7 +48,60 @@ def _row(t: optuna.trial.FrozenTrial, checked: dict[str, Any]) -> dict[str, Any]
     return row
 
 
-def trials_frame(study: optuna.Study) -> pd.DataFrame:
-    """Every trial of the study, in trial order; absent values are NaN/None."""
+def trials_frame(study: optuna.Study, *, exact: bool = False) -> pd.DataFrame:
+    """Every trial of the study, in trial order; absent values are NaN/None.
+
+    ``exact`` keeps each value as it was recorded (object columns, None where absent): an
+    integer knob stays ``2048`` rather than becoming ``2048.0`` in a column with gaps, which is
+    what a table or a CSV file should show.
+    """
     checked = validation(study)
-    return pd.DataFrame([_row(t, checked.get(t.number, {})) for t in study.get_trials(deepcopy=False)])
+    rows = [_row(t, checked.get(t.number, {})) for t in study.get_trials(deepcopy=False)]
+    if not exact:
+        return pd.DataFrame(rows)
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    return pd.DataFrame([[row.get(c) for c in columns] for row in rows], columns=columns, dtype=object)
+
+
+def _column_kind(values: list[Any]) -> str:
+    present = [v for v in values if v is not None and not (isinstance(v, float) and v != v)]
+    if not present:
+        return "empty"
+    if all(isinstance(v, bool) for v in present):
+        return "bool"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return "int"
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        return "float"
+    if all(isinstance(v, str) for v in present):
+        return "str"
+    return "mixed"
+
+
+def parquet_ready(frame: pd.DataFrame) -> pd.DataFrame:
+    """An ``exact`` frame with one Arrow type per column: integers as nullable Int64, booleans as
+    nullable booleans, numbers as floats, and a column of mixed kinds (a categorical knob with
+    numbers and words) as text."""
+    out = frame.copy()
+    for column in out.columns:
+        values = list(out[column])
+        kind = _column_kind(values)
+        if kind == "int":
+            out[column] = pd.array([None if _missing(v) else v for v in values], dtype="Int64")
+        elif kind == "bool":
+            out[column] = pd.array([None if _missing(v) else v for v in values], dtype="boolean")
+        elif kind == "float":
+            out[column] = pd.array([None if _missing(v) else float(v) for v in values], dtype="Float64")
+        elif kind in ("mixed", "str"):
+            out[column] = pd.array([None if _missing(v) else _text(v) for v in values], dtype="string")
+        else:
+            out[column] = pd.array([None] * len(values), dtype="string")
+    return out
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, (dict, list)) else str(value)

@@ -210,6 +210,11 @@ class GpuAllocator:
         with self._cond:
             return dict(self._held)
 
+    def waiting(self) -> int:
+        """How many :meth:`acquire` calls are queued (waiting for a group) right now."""
+        with self._cond:
+            return len(self._queue)
+
     # -- internals (called with the lock held)
     def _check_possible(self, size: int) -> None:
         if size > len(self.pool):

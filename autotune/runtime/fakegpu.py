@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,16 +152,17 @@ def _is_group_leader(pid_dir: Path) -> bool:
 class FakeBackend:
     """A :class:`autotune.runtime.gpu.GpuBackend` (with NVLink topology) over pretend devices."""
 
-    def __init__(self, spec: FakeGpuSpec, proc: Path = Path("/proc")):
+    def __init__(self, spec: FakeGpuSpec, proc: Path = Path("/proc"), clock: Callable[[], float] = time.monotonic):
         self.spec = spec
         self._proc = proc
+        self._clock = clock  # a test's own clock makes the linger and the scan cache deterministic
         self._scan_at = -1.0
         self._engines: dict[int, tuple[int, ...]] = {}  # live engine PID → its devices
         self._gone: dict[int, tuple[tuple[int, ...], float]] = {}  # PID → (devices, seen gone at)
 
     @classmethod
-    def from_spec(cls, text: str) -> FakeBackend:
-        return cls(FakeGpuSpec.parse(text))
+    def from_spec(cls, text: str, clock: Callable[[], float] = time.monotonic) -> FakeBackend:
+        return cls(FakeGpuSpec.parse(text), clock=clock)
 
     # -- GpuBackend
     def device_count(self) -> int:
@@ -192,7 +194,7 @@ class FakeBackend:
     def _scan(self) -> None:
         """Find the engines on this fake box: autotune-launched process-group leaders whose
         environment carries this spec and a CUDA_VISIBLE_DEVICES list."""
-        now = time.monotonic()
+        now = self._clock()
         if now - self._scan_at < _SCAN_TTL_S:
             return
         self._scan_at = now

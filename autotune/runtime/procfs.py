@@ -7,14 +7,24 @@ are not counted: they hold no memory and only their parent (often pid 1) can rea
 
 On systems without ``/proc`` the group is probed with ``killpg(pgid, 0)``, which says whether
 the group exists but not which PIDs it holds.
+
+An engine killed with SIGKILL cannot remove its POSIX shared memory: vLLM's message queues and
+torch's shared tensors stay in ``/dev/shm`` (hundreds of MB of RAM per launch on vLLM-CPU).
+:func:`terminate_group` notes the ``/dev/shm`` files the group maps or holds open before it
+signals it, and once the group is gone removes those that no live process uses any more.
+
+This module uses the standard library only: the engine watchdog (``guard.py``, run without
+site-packages) loads it by path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = [
@@ -23,7 +33,9 @@ __all__ = [
     "group_exists",
     "pids_in_group",
     "read_cmdline",
+    "remove_orphaned_shm",
     "send_group",
+    "shm_files",
     "terminate_group",
     "wait_group_empty",
 ]
@@ -34,6 +46,8 @@ ENGINE_MARKER_ENV = "AUTOTUNE_ENGINE"
 
 _PROC = Path("/proc")
 _POLL_S = 0.05
+_SHM_DIR = "/dev/shm/"
+_DELETED = " (deleted)"
 
 log = logging.getLogger(__name__)
 
@@ -125,19 +139,72 @@ def wait_group_empty(pgid: int, timeout_s: float) -> bool:
     return True
 
 
+def shm_files(pids: Iterable[int] | None = None) -> set[str]:
+    """Files in ``/dev/shm`` that the processes (None: every process) map or hold open."""
+    if pids is None:
+        pids = (int(entry.name) for entry in _PROC.iterdir() if entry.name.isdigit()) if _PROC.is_dir() else ()
+    found: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                at = line.find(_SHM_DIR)
+                if at >= 0 and not line.rstrip("\n").endswith(_DELETED):
+                    found.add(line[at:].rstrip("\n"))
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith(_SHM_DIR) and not target.endswith(_DELETED):
+                        found.add(target)
+    return found
+
+
+def remove_orphaned_shm(paths: Iterable[str]) -> list[str]:
+    """Remove those of ``paths`` (in ``/dev/shm``) that no live process maps or holds open.
+
+    For the segments of a group that was just killed: nothing else uses them, and nothing
+    else would ever remove them. Returns the paths removed.
+    """
+    candidates = {p for p in paths if p.startswith(_SHM_DIR) and os.path.exists(p)}
+    if not candidates:
+        return []
+    removed = []
+    for path in sorted(candidates - shm_files()):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            log.warning("cannot remove %s left by a killed engine: %s", path, err.strerror)
+            continue
+        removed.append(path)
+    if removed:
+        log.info("removed shared memory left by killed processes: %s", ", ".join(removed))
+    return removed
+
+
 def terminate_group(pgid: int, *, grace_s: float, kill_wait_s: float = 5.0) -> list[int]:
     """SIGTERM the whole group, wait ``grace_s``, then SIGKILL it and wait ``kill_wait_s``.
+
+    Once the group is gone, the ``/dev/shm`` files it used and that no one uses any more are
+    removed (a process killed by SIGKILL cannot clean them up; one that exits on SIGTERM has).
 
     Returns:
         The PIDs still alive afterwards (empty when the group is gone). A non-empty result
         means processes stuck in the kernel (state D) or owned by someone else.
     """
-    if not pids_in_group(pgid):
+    pids = pids_in_group(pgid)
+    if not pids:
         return []
+    shm = shm_files(pids)  # before any signal: a process may unmap while it dies
     send_group(pgid, signal.SIGTERM)
     if wait_group_empty(pgid, grace_s):
+        remove_orphaned_shm(shm)
         return []
     log.warning("process group %d ignored SIGTERM for %.1fs; sending SIGKILL", pgid, grace_s)
     send_group(pgid, signal.SIGKILL)
     wait_group_empty(pgid, kill_wait_s)
-    return pids_in_group(pgid)
+    survivors = pids_in_group(pgid)
+    if not survivors:
+        remove_orphaned_shm(shm)
+    return survivors

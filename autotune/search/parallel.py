@@ -37,7 +37,7 @@ from autotune.runtime.allocator import AllocatorClosed, GpuAllocator
 from autotune.runtime.gpu import default_backend, list_gpus
 from autotune.search.coordination import Coordinator
 from autotune.search.progress import Progress
-from autotune.search.runner import STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun
+from autotune.search.runner import DEFAULTS, STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun
 from autotune.search.stages import (
     SCENARIOS,
     conservativeness_next,
@@ -331,12 +331,14 @@ class _Scaled:
         cfg, run = self.job.study, self.run
         if cfg.finalists == 0 or cfg.validation_runs == 0:
             return
-        tasks = [self._validation_task(f) for f in run.finalists(cfg.finalists)]
+        finalists = run.finalists(cfg.finalists)
+        tasks = [self._validation_task(f.number, f.user_attrs["params"]) for f in finalists]
+        if cfg.baseline and all(f.user_attrs["params"] for f in finalists):
+            tasks.insert(0, self._validation_task(DEFAULTS, {}))  # the defaults beside them, for a paired gain
         self._fill(tasks)
-        run.validate()  # every re-run is done: this only stores each finalist's median and spread
+        run.validate()  # every re-run is done: this only stores the medians, spreads and the verdict
 
-    def _validation_task(self, finalist: FrozenTrial) -> _Task:
-        number, params = finalist.number, finalist.user_attrs["params"]
+    def _validation_task(self, number: int | str, params: Mapping[str, Any]) -> _Task:
         return _Task(
             f"validation:{number}",
             lambda t: t.user_attrs.get("stage") == STAGE_VALIDATION and t.user_attrs.get("validates") == number,

@@ -8,6 +8,7 @@ repeat), a sub-space to sample, and a workload override (the memory probe's peak
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -26,12 +27,18 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import SearchSpace, Workload, as_given
 from autotune.engines.base import EngineAdapter
+from autotune.engines.rootcause import UNTUNED_KINDS
+from autotune.errors import EngineFailsRegardless
+from autotune.outcomes import Outcome
+from autotune.runtime.cpuset import plan_partition
 from autotune.runtime.gpu import wait_pids_released
+from autotune.search.diagnosis import WHERE
 from autotune.search.objective import is_feasible
 from autotune.search.progress import Progress
 from autotune.search.space import distribution, suggest, suggest_param
 from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded, validation
 from autotune.search.trial import TrialResult, TrialSpec, run_trial
+from autotune.search.verdict import paired_gains, paired_verdict
 
 __all__ = ["Placement", "StudyRun", "redact_env", "worker_id"]
 
@@ -40,7 +47,9 @@ __all__ = ["Placement", "StudyRun", "redact_env", "worker_id"]
 Placement = Callable[[dict[str, Any]], AbstractContextManager[Mapping[str, str]]]
 
 STAGE_BASELINE, STAGE_SEARCH, STAGE_VALIDATION = "baseline", "search", "validation"
+DEFAULTS = "defaults"  # the ``validates`` key of validation runs of the engine's defaults
 RELEASE_TIMEOUT_S = 120.0
+STABLE_WITHIN = 0.05  # a run's throughput must be known within ±5 % (95 %), or the run is lengthened
 # Environment names that hold secrets: recorded as a reference to the variable, never by value.
 _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
@@ -57,6 +66,16 @@ def worker_id() -> str:
 
 def _anywhere(flags: dict[str, Any]) -> AbstractContextManager[Mapping[str, str]]:
     return contextlib.nullcontext({})
+
+
+def _deterministic_failure(t: FrozenTrial) -> tuple[str, str] | None:
+    """(root-cause signature, where it failed) of a failure the engine's log explained and no tuned
+    knob points to, else None."""
+    facts = t.user_attrs.get("facts") or {}
+    cause = facts.get("root_cause")
+    if not cause or facts.get("transient", True) or "failed_at" not in facts or cause["kind"] not in UNTUNED_KINDS:
+        return None
+    return str(cause["signature"]), str(facts["failed_at"])
 
 
 def _fits(dist: BaseDistribution, value: Any) -> bool:
@@ -83,6 +102,12 @@ class StudyRun:
         # An enqueued trial is popped by whichever ask() comes next, and the sampler sees a
         # running trial only once its params are suggested: ask and sample one trial at a time.
         self._ask_lock = threading.Lock()
+        # A CPU engine would take the load generator's cores: split them (runtime/cpuset.py).
+        self.cpus = plan_partition() if job.study.partition_cpus and adapter.runs_on_cpu() else None
+        if self.cpus is not None:
+            progress.message(self.cpus.describe())
+        elif adapter.runs_on_cpu():
+            progress.message("CPU engine sharing its cores with the load generator: expect noisier runs")
 
     # -- bookkeeping
     def trials(self, stage: str | None = None) -> list[FrozenTrial]:
@@ -131,11 +156,20 @@ class StudyRun:
         extra = dict(extra or {})
         if workload is not None:
             extra["workload_override"] = workload.model_dump(mode="json")
-        return self._execute(trial, stage, params, workload or self.job.workload, extra)
+        return self._execute(trial, stage, params, workload or self.job.workload, extra, probe=workload is not None)
 
     def _execute(
-        self, trial: optuna.Trial, stage: str, params: dict[str, Any], workload: Workload, extra: dict[str, Any]
+        self,
+        trial: optuna.Trial,
+        stage: str,
+        params: dict[str, Any],
+        workload: Workload,
+        extra: dict[str, Any],
+        *,
+        probe: bool = False,
     ) -> TrialResult:
+        """One trial; ``probe``: a run under another workload (a peak shape) that asks only
+        whether the engine survives it, so the client's limits do not invalidate it."""
         flags = self.adapter.to_flags({**self.job.engine.fixed_flags, **self.job.space.fixed, **params})
         trial_dir = self.job.dir / "trials" / str(trial.number)
         attrs = {
@@ -165,6 +199,10 @@ class StudyRun:
                     stall_timeout_s=self.job.study.stall_timeout_s,
                     bench_timeout_s=self.job.study.bench_timeout_s,
                     quality_reference=None if stage == STAGE_BASELINE else self._quality_reference(),
+                    cpus=self.cpus,
+                    # Real engines only: the simulator's runs are deterministic and its clock compressed.
+                    stable_within=None if self.job.engine.simulated or probe else STABLE_WITHIN,
+                    judge_client=not probe,
                 )
                 result = run_trial(spec, self.adapter, workload, self.progress)
         except BaseException:
@@ -178,7 +216,44 @@ class StudyRun:
         # The next engine on these GPUs would fail its free-memory check: wait for the driver to
         # release what the stopped engine held (returns at once without NVML).
         wait_pids_released(result.engine_pids, timeout_s=RELEASE_TIMEOUT_S)
+        self.stop_if_flag_independent()
         return result
+
+    def stop_if_flag_independent(self) -> None:
+        """Stop the study when two launches with different flags failed with the same root cause
+        at the same point and nothing was served yet: the engine fails whatever the flags are,
+        so sampling on would only burn the night.
+
+        Raises:
+            EngineFailsRegardless: With the diagnosis, also stored as the study's ``stopped`` attribute.
+        """
+        finished = [t for t in self.trials() if t.state.is_finished()]
+        served = {str(Outcome.OK), str(Outcome.SLO_VIOLATION)}
+        if any(t.user_attrs.get("outcome") in served for t in finished):
+            return
+        groups: dict[tuple[str, str], list[FrozenTrial]] = {}
+        for t in finished:
+            if (key := _deterministic_failure(t)) is not None:
+                groups.setdefault(key, []).append(t)
+        for same in groups.values():
+            if len({json.dumps(t.user_attrs.get("flags"), sort_keys=True, default=str) for t in same}) > 1:
+                raise self._stopped(same)
+
+    def _stopped(self, same: list[FrozenTrial]) -> EngineFailsRegardless:
+        # The most telling line of the group: a death with its signal beats one not yet reaped.
+        causes = [t.user_attrs["facts"]["root_cause"] for t in same]
+        cause = max(causes, key=lambda c: "SIG" in c["line"])
+        where = WHERE[same[0].user_attrs["facts"]["failed_at"]]
+        outcomes = sorted({str(t.user_attrs.get("outcome")) for t in same})
+        hint = cause["hint"] or "read engine.log of those trials"
+        line = (
+            f"the engine fails independently of the flags tried: {len(same)} launches with different flags "
+            f"(trials {', '.join(str(t.number) for t in same)}) all ended {'/'.join(outcomes)} {where}: "
+            f"{cause['line']}. {hint[0].upper()}{hint[1:]}; stopped before sampling more"
+        )
+        stopped = {"reason": "flag_independent_failure", "line": line, "trials": [t.number for t in same]}
+        self.study.set_user_attr("stopped", {**stopped, "root_cause": cause})
+        return EngineFailsRegardless(line)
 
     def _quality_reference(self) -> Path | None:
         """The baseline's greedy answers (greedy.json in its trial folder), the quality reference."""
@@ -223,6 +298,8 @@ class StudyRun:
         for t in self.trials():
             if t.state != TrialState.FAIL or t.number in superseded(self.trials()) or "params" not in t.user_attrs:
                 continue
+            if not (t.user_attrs.get("facts") or {}).get("transient", True):
+                continue  # the log named a cause that does not go away on a re-run
             attempts = int(t.user_attrs.get("attempt", 0))
             if attempts >= self.job.study.retries or self.out_of_time() or not self.claim_retry(t):
                 continue
@@ -250,17 +327,42 @@ class StudyRun:
             self.retry_failed()
 
     def validate(self) -> None:
-        """Re-run the top finalists with fresh engines and rank them by the median value."""
+        """Re-run the top finalists with fresh engines, interleaved with runs of the engine's
+        defaults, and rank them by the median value.
+
+        Round by round (defaults, finalist 1, finalist 2, defaults, ...), so each finalist's gain
+        is a paired comparison made under the same machine conditions as the defaults beside it.
+        """
         cfg = self.job.study
         if cfg.finalists == 0 or cfg.validation_runs == 0:
             return
-        for finalist in self.finalists(cfg.finalists):
-            done = [t for t in self.finished(STAGE_VALIDATION) if t.user_attrs.get("validates") == finalist.number]
-            for _ in range(cfg.validation_runs - len(done)):
-                if self.out_of_time():
-                    break
-                self.run(STAGE_VALIDATION, explicit=finalist.user_attrs["params"], extra={"validates": finalist.number})
+        finalists = self.finalists(cfg.finalists)
+        groups: list[tuple[int | str, Mapping[str, Any]]] = [(f.number, f.user_attrs["params"]) for f in finalists]
+        # The defaults' runs: a finalist's own when the defaults are a finalist, else runs of their own.
+        defaults_key = next((key for key, params in groups if not params), DEFAULTS)
+        if cfg.baseline and defaults_key == DEFAULTS:
+            groups.insert(0, (DEFAULTS, {}))
+        for round_ in range(cfg.validation_runs):
+            for key, params in groups:
+                if len(self.validation_runs(key)) <= round_ and not self.out_of_time():
+                    self.run(STAGE_VALIDATION, explicit=params, extra={"validates": key})
+        for finalist in finalists:
             self._store_validation(finalist)
+        self._store_verdict(finalists, defaults_key)
+
+    def validation_runs(self, key: int | str) -> list[FrozenTrial]:
+        """Finished validation runs of one finalist (its number) or of the defaults (:data:`DEFAULTS`)."""
+        return [t for t in self.finished(STAGE_VALIDATION) if t.user_attrs.get("validates") == key]
+
+    def _store_verdict(self, finalists: list[FrozenTrial], defaults_key: int | str) -> None:
+        """Whether the best finalist beats the defaults beyond the noise of the paired runs."""
+        best = best_trial(self.study)
+        if best is None or not finalists:
+            return
+        sign = 1.0 if self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
+        pairs = paired_gains(self.validation_runs(defaults_key), self.validation_runs(best.number), sign)
+        is_defaults = not best.user_attrs.get("params")
+        self.study.set_user_attr("verdict", paired_verdict(best.number, pairs, winner_is_defaults=is_defaults))
 
     def finalists(self, n: int) -> list[FrozenTrial]:
         candidates = feasible_trials(self.study)

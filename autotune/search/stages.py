@@ -18,6 +18,7 @@ to tune (no such knob in the space, a CPU engine) is skipped with a message, nev
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -180,11 +181,15 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
         skip_stage(run, "memory_edge", "the search space has no memory_fraction")
         return None
     if _on_cpu(run):
-        skip_stage(
-            run,
-            "memory_edge",
-            "the CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, not from the memory fraction",
+        env = {**os.environ, **run.job.engine.env}
+        why = (
+            f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']} GiB fixes the CPU build's KV cache; "
+            "the memory fraction does not size it"
+            if "VLLM_CPU_KVCACHE_SPACE" in env
+            else "on the CPU build the memory fraction is a share of the NUMA node's memory, which this stage "
+            "does not probe: search memory_fraction as a scenario knob instead"
         )
+        skip_stage(run, "memory_edge", why)
         return None
     start, high, note = _memory_semantics(run)
     run.progress.message(f"memory edge ({mode}): {note}")
@@ -217,8 +222,21 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
     edges = dict(run.study.user_attrs.get("memory_edges", {}))
     edges[key] = edge
     run.study.set_user_attr("memory_edges", edges)
-    run.progress.message(f"memory edge: {edge} under peak load ({key}); tried {sorted(results.items())}")
+    run.progress.message(_edge_line(edge, results, key))
     return edge
+
+
+def _edge_line(edge: float | None, results: Mapping[float, str], key: str) -> str:
+    """The stage's closing line: an edge only when a probe failed above the value kept."""
+    tried = ", ".join(f"{f:.2f} {v}" for f, v in sorted(results.items()))
+    if edge is None:
+        return f"memory edge: not found — no probe passed under peak load ({key}); tried {tried or 'nothing'}"
+    if not any(v == "too_high" and f > edge for f, v in results.items()):
+        return (
+            f"memory edge: not reached — every probe up to {max(results):.2f} passed under peak load "
+            f"({len(results)} probes, {key}); keeping {edge:.2f}"
+        )
+    return f"memory edge: {edge:.2f} under peak load ({key}); tried {tried}"
 
 
 def _probe_results(run: StudyRun) -> dict[float, str]:
@@ -281,15 +299,28 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float) -> dict[str, 
             choice[MEMORY] = round(fixed[MEMORY] - STEP * i, 4)
         t = _existing(run, "cuda_graph", choice) or run.run("cuda_graph", explicit=choice).summary()
         value = t["value"] if t["outcome"] == Outcome.OK else -math.inf
-        keep = best is None or value > best_value * (1 + noise)
-        run.progress.message(
-            f"cuda graph max bs {size}: {value:,.1f} → {'kept' if keep else 'rejected (within noise)'}"
-        )
-        if keep and value > -math.inf:
+        keep = value > -math.inf and (best is None or value > best_value * (1 + noise))
+        verdict = _graph_verdict(t["outcome"], value, best_value, noise, keep)
+        run.progress.message(f"cuda graph max bs {size}: {verdict}")
+        if keep:
             best, best_value = choice, value
     decision = {k: v for k, v in (best or {}).items() if k in (GRAPH, MEMORY)}
     run.set_stage_state("cuda_graph", {"done": True, "fixed": decision, "noise": noise})
     return decision
+
+
+def _graph_verdict(outcome: str, value: float, best: float, noise: float, keep: bool) -> str:
+    """What one graph size did, in words that match the numbers (a slower run is called slower)."""
+    if value == -math.inf:
+        return f"{outcome} → rejected"
+    if not math.isfinite(best):
+        return f"{value:,.1f} → kept (the first size)"
+    change = value / best - 1 if best else 0.0
+    if keep:
+        return f"{value:,.1f}, {change:+.1%} vs the best so far → kept (above the +{noise:.0%} noise)"
+    if change < 0:
+        return f"{value:,.1f}, slower by {-change:.1%} → rejected"
+    return f"{value:,.1f}, {change:+.1%} vs the best so far → rejected (within the +{noise:.0%} noise)"
 
 
 def _existing(run: StudyRun, stage: str, params: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -25,20 +25,25 @@ from autotune.bench import prometheus, quality
 from autotune.bench.capacity import search_capacity
 from autotune.bench.instruments import run_engine_client
 from autotune.bench.loadgen import BenchProgress, run_workload_sync
+from autotune.bench.stability import throughput_interval
 from autotune.config import CAPACITY_KEY, Workload
 from autotune.engines.base import STARTUP_FATAL, EngineAdapter, EventKind, LaunchSpec, LogEvent
+from autotune.engines.rootcause import root_cause
 from autotune.errors import (
     AutotuneError,
     BenchmarkError,
+    ClientLimited,
     EngineCrashed,
     EngineStartupError,
     InvalidFlags,
     StartupTimeout,
 )
 from autotune.outcomes import Outcome
+from autotune.runtime.cpuset import CpuPartition, pinned
 from autotune.runtime.ports import free_port
 from autotune.runtime.process import EngineProcess
 from autotune.runtime.procfs import send_group
+from autotune.search.diagnosis import WHERE, client_problem, failed_at, in_flight_story, in_flight_text
 from autotune.search.objective import Score, score
 from autotune.search.progress import NullProgress, Progress
 
@@ -66,6 +71,15 @@ class TrialSpec:
     # The baseline trial's greedy.json: answers this trial's are compared with when the workload
     # sets quality_min_agreement (None: this trial is the baseline, or it has none).
     quality_reference: Path | None = None
+    # A CPU engine's cores and the load generator's (None: they share, as on a GPU host).
+    cpus: CpuPartition | None = None
+    # A run whose throughput's 95 % half-width exceeds this share of it is lengthened (more
+    # prompts) up to max_run_s; None: runs are as long as the workload says (the simulator).
+    stable_within: float | None = None
+    max_run_s: float = 60.0
+    # False for a probe under a peak shape (the memory edge): it asks only whether the engine
+    # survives the load, which a slow client does not change, and its value never ranks.
+    judge_client: bool = True
 
 
 @dataclass
@@ -98,11 +112,23 @@ class TrialResult:
         }
 
 
-def _reason(events: list[LogEvent], fallback: str) -> str:
-    for event in reversed(events):
-        if event.kind in STARTUP_FATAL or event.kind == EventKind.OOM_RUNTIME:
-            return event.line.strip()[:300]
-    return fallback
+CLIENT_RERUNS = 2  # a client-limited run is run again this many times before the trial gives up
+LENGTHENINGS, MAX_GROWTH = 2, 4.0  # a short run is lengthened at most twice, each time ≤ 4× the prompts
+
+
+def _explain(result: TrialResult, t: _Trial, fallback: str) -> None:
+    """Record the failure's root cause (never a wrapper line), the knob it points to, where it
+    happened and what was in flight."""
+    cause = root_cause(t.events, fallback)
+    where = failed_at(t.ready, t.attempts or t.runs)
+    flight = in_flight_story(t.events, t.attempts or t.runs) if t.ready else {}
+    result.reason = f"{cause.line} ({WHERE[where]})"
+    if text := in_flight_text(flight):
+        result.reason += f"; in flight: {text}"
+    transient = not cause.from_log or result.outcome == Outcome.STARTUP_TIMEOUT or cause.kind == "port_in_use"
+    result.facts.update(root_cause=cause.to_json(), failed_at=where, transient=transient)
+    if flight:
+        result.facts["in_flight"] = flight
 
 
 def _median_metrics(runs: list[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
@@ -124,6 +150,11 @@ class _Trial:
     def __init__(self, spec: TrialSpec, adapter: EngineAdapter, workload: Workload, progress: Progress):
         self.spec, self.adapter, self.workload, self.progress = spec, adapter, workload, progress
         self.events: list[LogEvent] = []
+        self.runs: list[dict[str, Any]] = []  # the benchmark's runs so far, kept for a failure's story
+        self.reruns: list[dict[str, Any]] = []  # runs thrown away because the client limited them
+        self.attempts: list[dict[str, Any]] = []  # every run's JSON, the one an engine died in too
+        self.lengthened: list[dict[str, Any]] = []  # runs replaced by longer ones, and why
+        self.ready = False
         self.proc: EngineProcess | None = None
         self.timings: dict[str, float] = {}
         spec.trial_dir.mkdir(parents=True, exist_ok=True)
@@ -138,12 +169,26 @@ class _Trial:
 
     def launch_spec(self) -> LaunchSpec:
         spec = self.adapter.build_launch(self.spec.flags, free_port(self.adapter.settings.host))
-        _write_json(self.spec.trial_dir / "argv.json", {"argv": spec.argv, "env": {**spec.env, **self.spec.env}})
+        record = {"argv": spec.argv, "env": {**spec.env, **self.spec.env}, "measurement": self.measurement}
+        _write_json(self.spec.trial_dir / "argv.json", record)
         return spec
+
+    @property
+    def measurement(self) -> dict[str, Any]:
+        """How the tuner runs the engine to measure it, beyond the trial's flags: the cores and
+        the environment it adds. Recorded with the trial, never exported."""
+        cpus = self.spec.cpus
+        env = {**self.adapter.measurement_env(), **(cpus.engine_env(self.adapter.settings.env) if cpus else {})}
+        return {**(cpus.to_json() if cpus else {}), "env": env}
+
+    def engine_command(self, launch: LaunchSpec) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment actually started: the trial's, on the engine's cores."""
+        prefix = self.spec.cpus.engine_prefix() if self.spec.cpus else []
+        return [*prefix, *launch.argv], {**launch.env, **self.spec.env, **self.measurement["env"]}
 
     def bench(self, launch: LaunchSpec, proc: EngineProcess) -> tuple[list[dict[str, float]], dict[str, Any]]:
         before = prometheus.scrape(launch.base_url)
-        runs: list[dict[str, Any]] = []
+        runs = self.runs
         # The engine's own client reports no progress to watch: only the bench timeout bounds it.
         stall_s = self.spec.stall_timeout_s if self.workload.client == "autotune" else math.inf
         self.watchdog = _Watchdog(proc, stall_s)
@@ -157,24 +202,84 @@ class _Trial:
                 elif self.workload.searches_capacity and self.workload.slos:  # a probe's peak load has none
                     runs.append(self._capacity(launch))
                 else:
-                    result = run_workload_sync(
-                        launch.base_url,
-                        self.workload,
-                        api_key=self.adapter.api_key(),
-                        on_progress=self._bench_progress,
-                        deadline_s=self.spec.bench_timeout_s,
-                    )
-                    runs.append(result.to_json(detailed=True))
-                if self.watchdog.fired:
-                    raise EngineCrashed(self.watchdog.reason, log_path=self.log_path)
-                proc.check_alive()  # vLLM answers 200 streams with an error body when its core dies
+                    runs.append(self._valid_run(launch, proc, i))
+                self._check_engine(proc)
         finally:
             self.watchdog.stop()
         after = prometheus.scrape(launch.base_url)
         facts = self.adapter.engine_facts(self.events, before, after)
         facts["client_limited"] = any(r.get("client_limited") for r in runs)
+        if self.reruns:
+            facts["client_reruns"] = self.reruns
+        if self.lengthened:
+            facts["lengthened_runs"] = self.lengthened
+        intervals = [r["throughput_interval"]["relative"] for r in runs if "throughput_interval" in r]
+        if intervals:
+            facts["throughput_ci"] = max(intervals)  # the loosest run's 95 % half-width, relative
         _write_json(self.spec.trial_dir / "bench.json", {"schema_version": SCHEMA_VERSION, "runs": runs})
         return runs, facts
+
+    def _check_engine(self, proc: EngineProcess) -> None:
+        if self.watchdog.fired:
+            raise EngineCrashed(self.watchdog.reason, log_path=self.log_path)
+        proc.check_alive()  # vLLM answers 200 streams with an error body when its core dies
+
+    def _valid_run(self, launch: LaunchSpec, proc: EngineProcess, repeat: int) -> dict[str, Any]:
+        """One run of the workload that measured the engine, not the client.
+
+        A run whose client says it was starved, or that lost requests on the client's side, is
+        not a measurement: it is run again (up to :data:`CLIENT_RERUNS` times, each recorded
+        with its reason), and when every attempt was limited the trial is ``client_limited``.
+        """
+        problem = ""
+        for attempt in range(CLIENT_RERUNS + 1):
+            result = run_workload_sync(
+                launch.base_url,
+                self.workload,
+                api_key=self.adapter.api_key(),
+                on_progress=self._bench_progress,
+                deadline_s=self.spec.bench_timeout_s,
+            )
+            run = result.to_json(detailed=True)
+            self.attempts.append(run)
+            self._check_engine(proc)  # a dead engine's refused connections are not the client's fault
+            problem = client_problem(run) if self.spec.judge_client else ""
+            if not problem:
+                return self._long_enough(launch, proc, run) if self.spec.judge_client else run
+            self.reruns.append({"repeat": repeat, "attempt": attempt, "reason": problem})
+            self.progress.message(f"  run {repeat + 1} not scored: {problem}; running it again")
+        raise ClientLimited(f"client-limited in all {CLIENT_RERUNS + 1} attempts, last: {problem}")
+
+    def _long_enough(self, launch: LaunchSpec, proc: EngineProcess, run: dict[str, Any]) -> dict[str, Any]:
+        """The run, or a longer one when its throughput is not pinned down within
+        ``stable_within`` (each lengthening recorded); never past ``max_run_s``."""
+        target = self.spec.stable_within
+        interval = throughput_interval(run)
+        for _ in range(LENGTHENINGS):
+            duration = float(run.get("duration") or 0.0)
+            if target is None or interval.relative <= target or duration >= self.spec.max_run_s / 2:
+                break
+            needed = max(2.0, (interval.relative / target) ** 2)  # the half-width shrinks as 1/sqrt(length)
+            grow = min(MAX_GROWTH, needed, self.spec.max_run_s / max(duration, 0.1))
+            before = int(run.get("num_prompts") or self.workload.num_prompts)
+            longer = self.workload.model_copy(update={"num_prompts": math.ceil(before * grow)})
+            self.lengthened.append({"from": before, "to": longer.num_prompts, "relative_ci": interval.relative})
+            self.progress.message(
+                f"  run of {duration:.1f} s: throughput ±{interval.relative:.0%}, not within ±{target:.0%}; "
+                f"running {longer.num_prompts} prompts"
+            )
+            result = run_workload_sync(
+                launch.base_url, longer, api_key=self.adapter.api_key(), on_progress=self._bench_progress,
+                deadline_s=self.spec.bench_timeout_s,
+            )  # fmt: skip
+            candidate = result.to_json(detailed=True)
+            self.attempts.append(candidate)
+            self._check_engine(proc)
+            if client_problem(candidate):
+                break  # keep the shorter valid run rather than a limited longer one
+            run, interval = candidate, throughput_interval(candidate)
+        run["throughput_interval"] = interval.to_json()
+        return run
 
     def _capacity(self, launch: LaunchSpec) -> dict[str, Any]:
         """A capacity search scored as one run: the metrics of the run at the level found (of the
@@ -265,9 +370,10 @@ def run_trial(
         result.argv, result.env = launch.argv, launch.env
         result.engine_args = launch.argv[len(adapter.launch_prefix()) :]
         t.progress.phase("launching")
+        argv, env = t.engine_command(launch)
         proc = EngineProcess(
-            launch.argv,
-            {**launch.env, **spec.env},
+            argv,
+            env,
             t.log_path,
             ready_url=launch.base_url + launch.ready_path,
             health_url=launch.base_url + adapter.health_path,
@@ -279,13 +385,16 @@ def run_trial(
             if spec.on_launch and proc.pgid is not None:
                 spec.on_launch(proc.pgid)
             t.timings["startup_s"] = proc.wait_ready()
+            t.ready = True
             agreement = None
             if workload.quality_min_agreement is not None:
                 t.progress.phase("quality check")
                 agreement = t.quality_check(launch)
             t.progress.phase("warming")
             b0 = time.monotonic()
-            runs, facts = t.bench(launch, proc)
+            with pinned(spec.cpus.client if spec.cpus else None):
+                runs, facts = t.bench(launch, proc)
+            facts["measurement"] = t.measurement
             t.timings["bench_s"] = time.monotonic() - b0
             t.progress.phase("tearing down")
             d0 = time.monotonic()
@@ -297,16 +406,21 @@ def run_trial(
     except InvalidFlags as err:
         result.outcome, result.reason = Outcome.INVALID_FLAGS, str(err)
     except StartupTimeout as err:
-        result.outcome, result.reason = Outcome.STARTUP_TIMEOUT, str(err)
+        result.outcome = Outcome.STARTUP_TIMEOUT
+        _explain(result, t, str(err))
     except EngineStartupError as err:
         result.outcome = adapter.classify_failure(err.returncode, t.events)
-        result.reason = _reason(t.events, str(err))
+        _explain(result, t, str(err))
+    except ClientLimited as err:
+        result.outcome, result.reason = Outcome.CLIENT_LIMITED, str(err)
+        result.facts.update(client_reruns=t.reruns, transient=True)
     except (EngineCrashed, BenchmarkError) as err:
         oom = any(e.kind == EventKind.OOM_RUNTIME for e in t.events)
         result.outcome = Outcome.OOM_RUNTIME if oom else Outcome.CRASH
-        result.reason = _reason(t.events, str(err))
+        _explain(result, t, str(err))
     except AutotuneError as err:  # e.g. port trouble or teardown failure: infrastructure
-        result.outcome, result.reason = Outcome.CRASH, str(err)
+        result.outcome = Outcome.CRASH
+        _explain(result, t, str(err))
     result.facts.update(_event_facts(t.events, result.facts))
     if result.score is None:
         result.score = score(result.outcome, {}, workload)

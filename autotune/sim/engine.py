@@ -44,7 +44,8 @@ class TokenSink(Protocol):
 
 
 class Fatal(Exception):
-    """The engine died. ``kind`` is ``oom`` or ``crash``; ``need``/``free`` are bytes for OOMs."""
+    """The engine died. ``kind`` is ``oom``, ``crash`` or ``worker`` (its worker process was killed);
+    ``need``/``free`` are bytes for OOMs."""
 
     def __init__(self, kind: str, *, need: float = 0.0, free: float = 0.0) -> None:
         super().__init__(kind)
@@ -138,6 +139,8 @@ class Engine:
             self._force_oom = True
         if f.crash_after_requests is not None and n >= f.crash_after_requests:
             asyncio.get_running_loop().call_soon(self.die, Fatal("crash"))
+        if f.worker_dies_after_requests is not None and n >= f.worker_dies_after_requests:
+            asyncio.get_running_loop().call_soon(self.die, Fatal("worker"))
 
     def in_flight(self) -> list[SimRequest]:
         """Every request the engine still holds (running, queued, mid-prefill)."""

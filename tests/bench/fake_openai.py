@@ -58,6 +58,7 @@ class FakeOpenAI:
     has_tokenize: bool = True
     reset_route: str | None = None  # "/reset_prefix_cache" (vLLM dev mode) or "/flush_cache" (SGLang)
     resets: int = 0
+    reset_ok: bool = True  # False: the reset route answers {"success": false} (vLLM: blocks still in use)
     hang: bool = False
     tok: MergingTokenizer = field(default_factory=MergingTokenizer)
     bodies: list[dict[str, Any]] = field(default_factory=list)
@@ -86,7 +87,7 @@ class FakeOpenAI:
             return httpx.Response(200, json={key: self.tok.decode(body["tokens"])})
         if path == self.reset_route:
             self.resets += 1
-            return httpx.Response(200, json={"success": True})
+            return httpx.Response(200, json={"success": self.reset_ok})
         if path in ("/v1/completions", "/v1/chat/completions"):
             return self._complete(request, body, chat=path.endswith("chat/completions"))
         return httpx.Response(404, json={"detail": "Not Found"})

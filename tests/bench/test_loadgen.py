@@ -211,18 +211,22 @@ def test_sync_wrapper_refuses_a_running_loop() -> None:
 
 def test_assess_client_names_each_crossed_threshold() -> None:
     ok = assess_client(0.3, [0.001] * 100, [0.0005] * 100, finite_rate=True)
-    assert not ok.limited and ok.reason == ""
-    busy = assess_client(0.95, [0.02] * 100, [0.012] * 100, finite_rate=True)
-    assert busy.limited
+    assert not ok.limited and ok.reason == "" and ok.kind == ""
+    busy = assess_client(0.95, [0.2] * 100, [0.12] * 100, finite_rate=True)
+    assert busy.limited and busy.kind == "cpu_bound"
     assert busy.reason == (
-        "client event loop busy 95% of the run; p99 send lag 20.0 ms behind the arrival schedule; "
-        "p99 event-loop lag 12.0 ms (timestamps are late by that much)"
+        "client event loop busy 95% of the run; "
+        "p99 send lag 200.0 ms behind the arrival schedule (tolerance 50 ms); "
+        "p99 event-loop lag 120.0 ms (timestamps are late by that much; tolerance 50 ms)"
     )
-    starved = assess_client(0.3, [], [0.02] * 100, finite_rate=False)
-    assert starved.reason.endswith("the client ran only 30% of the time: other processes took its CPU")
+    starved = assess_client(0.3, [], [0.2] * 100, finite_rate=False)
+    assert starved.kind == "starved"
+    assert starved.reason.endswith("the loop was idle 70% of the run yet woke late: other processes took its CPU")
+    behind = assess_client(0.3, [0.2] * 100, [0.001] * 100, finite_rate=True)
+    assert behind.kind == "schedule_behind"
     # With an infinite rate everything is due at t=0; the send lag is just task creation.
-    assert not assess_client(0.2, [0.05] * 10, [0.0] * 10, finite_rate=False).limited
-    assert math.isclose(busy.max_loop_lag_ms, 12.0)
+    assert not assess_client(0.2, [0.5] * 10, [0.0] * 10, finite_rate=False).limited
+    assert math.isclose(busy.max_loop_lag_ms, 120.0)
 
 
 def test_lanes_open_one_client_per_concurrent_request_and_reuse_the_warmest() -> None:

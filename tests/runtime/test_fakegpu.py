@@ -60,41 +60,72 @@ def _engine_on(make_engine: Callable[..., EngineProcess], spec: str, devices: st
     return engine
 
 
+class Clock:
+    """The backend's clock, moved by the test: the scan cache and the linger are counted in it,
+    so nothing depends on how fast this machine runs the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+SCAN = 0.2  # more than the backend's scan cache (0.1 s): every look after advance(SCAN) rescans
+
+
+def _wait_seen(backend: FakeBackend, clock: Clock, index: int) -> None:
+    """Wait (a real-time bound only for a broken run) until the backend sees an engine on ``index``."""
+    deadline = time.monotonic() + 30
+    while True:
+        clock.advance(SCAN)
+        if backend.process_memory(index):
+            return
+        assert time.monotonic() < deadline, f"no engine seen on fake GPU {index}"
+        time.sleep(0.02)
+
+
 def test_an_engine_holds_its_devices_until_its_process_is_gone(make_engine: Callable[..., EngineProcess]) -> None:
     spec = "4xH100-80GB;box=hold"
-    backend = FakeBackend.from_spec(spec)
+    clock = Clock()
+    backend = FakeBackend.from_spec(spec, clock=clock)
     engine = _engine_on(make_engine, spec, "1,2")
     with engine:
-        deadline = time.monotonic() + 5
-        while not backend.process_memory(1) and time.monotonic() < deadline:
-            time.sleep(0.15)
+        _wait_seen(backend, clock, 1)
         assert set(backend.process_memory(1)) == {engine.pid}
         assert set(backend.process_memory(2)) == {engine.pid}
         assert backend.process_memory(0) == {} and backend.process_memory(3) == {}
         assert backend.info(1).memory_used > 70 * GIB
-    time.sleep(0.15)  # past the scan cache
+    # stop() returned: the whole group is gone. The next scan (past the cache) must say so.
+    clock.advance(SCAN)
     assert backend.process_memory(1) == {}
     assert backend.info(1).memory_used == IDLE_BYTES
 
 
 def test_memory_lingers_after_the_engine_exits(make_engine: Callable[..., EngineProcess]) -> None:
     spec = "2xH100-80GB;linger=1;box=linger"
-    backend = FakeBackend.from_spec(spec)
+    clock = Clock()
+    backend = FakeBackend.from_spec(spec, clock=clock)
     engine = _engine_on(make_engine, spec, "0")
     with engine:
-        deadline = time.monotonic() + 5
-        while not backend.process_memory(0) and time.monotonic() < deadline:
-            time.sleep(0.15)
-    stopped = time.monotonic()
-    time.sleep(0.15)
+        _wait_seen(backend, clock, 0)
+    clock.advance(SCAN)  # the first scan after the stop finds the process gone: linger starts
     assert engine.pid in backend.process_memory(0)  # the driver has not let go yet
-    wait_memory_at_most({0: 2 * GIB}, timeout_s=5, poll_s=0.1, backend=backend)
-    assert 0.9 <= time.monotonic() - stopped < 3
+    clock.advance(0.7)
+    assert engine.pid in backend.process_memory(0)  # 0.7 s into the 1 s linger: still held
+    clock.advance(0.4)
+    assert backend.process_memory(0) == {}  # 1.1 s: released
+    wait_memory_at_most({0: 2 * GIB}, timeout_s=5, poll_s=0.01, backend=backend)  # returns at once
 
 
 def test_other_boxes_and_unmarked_processes_are_invisible(make_engine: Callable[..., EngineProcess]) -> None:
-    backend = FakeBackend.from_spec("2xH100-80GB;box=mine")
+    clock = Clock()
+    mine = FakeBackend.from_spec("2xH100-80GB;box=mine", clock=clock)
+    theirs = FakeBackend.from_spec("2xH100-80GB;box=theirs", clock=clock)
     engine = _engine_on(make_engine, "2xH100-80GB;box=theirs", "0,1")
     with engine:
-        time.sleep(0.5)
-        assert backend.process_memory(0) == {} and backend.process_memory(1) == {}
+        _wait_seen(theirs, clock, 0)  # the engine is up and visible where it belongs ...
+        assert mine.process_memory(0) == {} and mine.process_memory(1) == {}  # ... and only there

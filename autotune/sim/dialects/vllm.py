@@ -640,15 +640,16 @@ class VllmDialect(Dialect):
             return
         self.dead = True
         gpu = self.settings.gpu
-        cause = (
-            torch_oom(fatal.need - fatal.free + 0.1 * GIB, fatal.free, gpu.torch_total_gib)
-            if fatal.kind == "oom"
-            else [
+        if fatal.kind == "oom":
+            cause = torch_oom(fatal.need - fatal.free + 0.1 * GIB, fatal.free, gpu.torch_total_gib)
+        elif fatal.kind == "worker":
+            cause = self._worker_died()
+        else:
+            cause = [
                 "RuntimeError: CUDA error: an illegal memory access was encountered",
                 "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
                 "below might be incorrect.",
             ]
-        )
         trace = [
             "EngineCore encountered a fatal error.",
             "Traceback (most recent call last):",
@@ -676,6 +677,23 @@ class VllmDialect(Dialect):
                 EXIT_AFTER_DEATH_S,
                 lambda: self._shutdown("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."),
             )
+
+    def _worker_died(self) -> list[str]:
+        """vLLM 0.32's lines when the worker process is killed mid-step (SIGILL: exit code -4): the
+        executor's notice, the input dump of the step, and a trace that ends in "cancelled"."""
+        self.core(
+            "Worker proc VllmWorker-0 died unexpectedly (exit code: -4), shutting down executor.",
+            "multiproc_executor.py:315",
+            level="ERROR",
+        )
+        held = [r for engine in self.engines.engines for r in engine.in_flight()]
+        new = ",".join(f"NewRequestData(req_id=cmpl-{r.rid},prompt_token_ids_len={len(r.prompt)})" for r in held)
+        self.core(f"Dumping scheduler output for model execution: SchedulerOutput(scheduled_new_reqs=[{new}])",
+                  "dump_input.py:79", level="ERROR")  # fmt: skip
+        self.core(f"Dumping scheduler stats: SchedulerStats(num_running_reqs={len(held)}, num_waiting_reqs=0)",
+                  "dump_input.py:81", level="ERROR")  # fmt: skip
+        return ['  File "/usr/local/lib/python3.12/concurrent/futures/_base.py", line 401, in __get_result',
+                "    raise self._exception", "RuntimeError: cancelled"]  # fmt: skip
 
     def _shutdown(self, reason: str | None = None) -> None:
         if reason:

@@ -1,0 +1,86 @@
+"""A run the client limited is never scored: it is run again, and a trial whose every attempt
+was limited ends ``client_limited`` (retried, neither a score nor an SLO violation)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from optuna.trial import TrialState
+from test_tune_sim import SEARCH_SPACE, _job
+
+import autotune.search.trial as trial_module
+from autotune.bench.loadgen import run_workload_sync
+from autotune.bench.result import BenchResult
+from autotune.search.diagnosis import client_problem
+from autotune.search.storage import load_study
+from autotune.search.trial import CLIENT_RERUNS
+from autotune.search.tune import run_study
+
+pytestmark = pytest.mark.slow
+
+STARVED = "p99 event-loop lag 8979.0 ms (timestamps are late by that much; tolerance 50 ms)"
+
+
+def _starve_first(monkeypatch: pytest.MonkeyPatch, n: int) -> list[bool]:
+    """The first ``n`` runs report a starved client (as a stalled event loop would)."""
+    calls: list[bool] = []
+
+    def measured(*args: Any, **kwargs: Any) -> BenchResult:
+        result = run_workload_sync(*args, **kwargs)
+        starved = len(calls) < n
+        calls.append(starved)
+        if starved:
+            check = dataclasses.replace(result.client, limited=True, reason=STARVED)
+            result = dataclasses.replace(result, client=check)
+        return result
+
+    monkeypatch.setattr(trial_module, "run_workload_sync", measured)
+    return calls
+
+
+def test_a_starved_run_is_run_again_and_only_the_clean_run_is_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _starve_first(monkeypatch, 1)
+    job = _job(tmp_path, SEARCH_SPACE, method="search", trials=1, finalists=0, baseline=False)
+    run_study(job)
+    study = load_study("t", job.storage_url)
+    (t,) = study.trials
+    assert calls == [True, False]
+    assert t.state == TrialState.COMPLETE and t.user_attrs["outcome"] == "ok"
+    reruns = t.user_attrs["facts"]["client_reruns"]
+    assert reruns == [{"repeat": 0, "attempt": 0, "reason": STARVED}]
+    assert t.user_attrs["facts"]["client_limited"] is False  # the scored run was not limited
+
+
+def test_a_trial_whose_every_run_was_limited_is_client_limited_never_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _starve_first(monkeypatch, 100)
+    job = _job(tmp_path, SEARCH_SPACE, method="search", trials=1, finalists=0, baseline=False, retries=1)
+    run_study(job)
+    study = load_study("t", job.storage_url)
+    outcomes = [t.user_attrs["outcome"] for t in study.trials]
+    assert outcomes == ["client_limited", "client_limited"]  # the trial and its one retry
+    for t in study.trials:
+        assert t.state == TrialState.FAIL and t.values is None
+        assert len(t.user_attrs["facts"]["client_reruns"]) == CLIENT_RERUNS + 1
+        assert STARVED in t.user_attrs["reason"]
+    assert study.trials[1].user_attrs["retry_of"] == 0
+
+
+@pytest.mark.parametrize(
+    ("run", "problem"),
+    [
+        ({"client_limited": False, "failed_client": 0}, ""),
+        ({"client_limited": True, "client_limited_reason": "starved"}, "starved"),
+        ({"failed_client": 3, "client_error_samples": {"Broken pipe": 3}}, "3 request(s) failed on the client's side"),
+        ({"failed_engine": 5, "failed_client": 0}, ""),  # the engine's own failures are measurements
+    ],
+)
+def test_client_problem_names_what_made_the_run_invalid(run: dict[str, Any], problem: str) -> None:
+    assert client_problem(run).startswith(problem)
+    assert bool(client_problem(run)) == bool(problem)
