@@ -181,7 +181,10 @@ def test_status_shows_whole_flags_at_80_columns(study: dict[str, Any], monkeypat
     assert result.exit_code == 0, result.output
     assert "…" not in out
     lines = out.splitlines()
-    table = lines[lines.index(next(x for x in lines if "flags / reason" in x)) : -2]
+    header = lines.index(next(x for x in lines if "flags / reason" in x))
+    end = next(i for i in range(header, len(lines)) if not lines[i].strip())  # the table ends at a blank line
+    table = lines[header:end]
+    assert len(table) > 3
     assert max(len(line) for line in table) <= 80  # the table fits the terminal; its cells wrap
     for params in _params(study).values():
         for name, value in params.items():
