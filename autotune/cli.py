@@ -598,6 +598,12 @@ def tune(
     results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
     method: Annotated[str, typer.Option(help="staged (the articles' method) | search (plain Optuna).")] = "staged",
     memory_probe: Annotated[str, typer.Option(help="Memory-edge probe: step (0.02 steps) | bisect.")] = "step",
+    host_memory_margin: Annotated[
+        float, typer.Option(min=0, help="GiB of available RAM a CPU engine's memory probes leave to the host.")
+    ] = 2.0,
+    baseline: Annotated[
+        bool, typer.Option(help="Run the engine's defaults first (every gain is measured against them).")
+    ] = True,
     sampler: Annotated[str, typer.Option(help="tpe | random | nsga2 (multi-objective evolution).")] = "tpe",
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     startup_timeout: Annotated[
@@ -662,6 +668,8 @@ def tune(
                     "seed": seed,
                     "method": method,
                     "memory_probe": memory_probe,
+                    "host_memory_margin_gib": host_memory_margin,
+                    "baseline": baseline,
                     "parallel": parse_parallel(parallel),
                     "gpus": parse_gpus(gpus),
                     "heartbeat_s": heartbeat,
@@ -885,6 +893,12 @@ def probe_memory(
     workload: Annotated[str, typer.Option(help="Workload whose peak shape loads each probe.")] = "chat",
     probes: Annotated[int, typer.Option(min=1, help="Most engine launches to spend.")] = 8,
     memory_probe: Annotated[str, typer.Option(help="step (0.02 steps up to failure) | bisect.")] = "step",
+    host_memory_margin: Annotated[
+        float, typer.Option(min=0, help="GiB of available RAM a CPU engine's probes leave to the host.")
+    ] = 2.0,
+    baseline: Annotated[
+        bool, typer.Option(help="Run the engine's defaults first (on a CPU engine they may reserve most of the RAM).")
+    ] = True,
     fixed: Annotated[list[str] | None, typer.Option(help="KEY=VALUE flag set on every probe.")] = None,
     env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE environment for the engine.")] = None,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
@@ -912,6 +926,8 @@ def probe_memory(
         results=results,
         method="memory",
         memory_probe=memory_probe,
+        host_memory_margin=host_memory_margin,
+        baseline=baseline,
         sampler="tpe",
         seed=None,
         startup_timeout=None,
@@ -950,15 +966,22 @@ def memory_edge_line(state: dict[str, Any], launches: dict[str, int] | None = No
     if edge is None:
         tried = ", ".join(f"{f:g} {r}" for f, r in sorted(results.items()))
         return f"memory edge: not found — no fraction survived the peak load ({tried})"
+    pinned = state.get("kv_cache_memory_bytes")
+    pool = f", KV pool kv_cache_memory_bytes={pinned}" if pinned else ""
+    if not failed_high and state.get("ceiling") is not None and max(results) >= state["ceiling"] - 1e-9:
+        return (
+            f"memory edge: {edge:g}{pool} — the most this host can give now: every probe up to its ceiling "
+            f"{state['ceiling']:g} passed under the peak load ({note})"
+        )
     if not failed_high:
         return (
             f"memory edge: not reached — every probe up to {max(results):g} passed under the peak load; "
-            f"{edge:g} is the highest tried, not an edge (raise the space's memory_fraction high, or --probes) ({note})"
+            f"{edge:g}{pool} is the highest tried, not an edge (raise the space's memory_fraction high, or --probes) ({note})"
         )
     passing = max((f for f, r in results.items() if r == "ok"), default=edge)
     kept = "less one safety step" if edge < passing else "kept as is"
     return (
-        f"memory edge: {edge:g} (highest passing fraction {passing:g}, {kept}; "
+        f"memory edge: {edge:g}{pool} (highest passing fraction {passing:g}, {kept}; "
         f"{failed_high[0]:g} failed under the peak load) ({note})"
     )
 
@@ -1127,6 +1150,36 @@ def status(
         highlight=False,
     )
     console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())), highlight=False)
+    probes = [t for t in trials if "probe" in t.user_attrs]
+    _print_trial_table([t for t in trials if "probe" not in t.user_attrs])
+    if probes:
+        console.print(
+            "memory probes, under the workload's peak shape (every slot busy with its longest request): "
+            "their numbers are not comparable with the workload's above",
+            highlight=False,
+        )
+        _print_trial_table(probes)
+    if len(st.directions) > 1:
+        front = pareto_front(st)
+        metrics = [term.metric for term in _objective_terms(st)]
+        console.print(
+            "Pareto front (feasible, non-dominated): "
+            + "; ".join(f"#{t.number}: {_point_text(metrics, t.values)}" for t in front)
+            if front
+            else "Pareto front: empty",
+            highlight=False,
+        )
+    if line := _stopped_line(st):
+        console.print(line, highlight=False)
+    best = best_trial(st)
+    if best is None:
+        console.print(f"best: none — {no_winner_text(trials)}", highlight=False)
+    else:
+        _print_best(st, best)
+
+
+def _print_trial_table(trials: list[optuna.trial.FrozenTrial]) -> None:
+    """One row per trial: number, stage, outcome, throughput, latency, then its flags or reason."""
     rows = []
     for t in trials:
         m = t.user_attrs.get("metrics") or {}
@@ -1161,23 +1214,6 @@ def status(
     for row in rows:
         table.add_row(*row)
     _print_table(table)
-    if len(st.directions) > 1:
-        front = pareto_front(st)
-        metrics = [term.metric for term in _objective_terms(st)]
-        console.print(
-            "Pareto front (feasible, non-dominated): "
-            + "; ".join(f"#{t.number}: {_point_text(metrics, t.values)}" for t in front)
-            if front
-            else "Pareto front: empty",
-            highlight=False,
-        )
-    if line := _stopped_line(st):
-        console.print(line, highlight=False)
-    best = best_trial(st)
-    if best is None:
-        console.print(f"best: none — {no_winner_text(trials)}", highlight=False)
-    else:
-        _print_best(st, best)
 
 
 def _table(columns: list[tuple[str, dict[str, Any]]], **options: Any) -> Table:

@@ -768,6 +768,11 @@ class StudySettings(StrictModel):
         default="staged",
         description="staged: the articles' methodology; search: plain Optuna over the space; memory: the edge only.",
     )
+    host_memory_margin_gib: float = Field(
+        default=2.0,
+        ge=0,
+        description="An engine on this host's CPUs: memory probes leave this much of the available RAM to the rest.",
+    )
     memory_probe: Literal["step", "bisect"] = Field(
         default="step", description="Memory-edge probe: 0.02 steps up to failure, or bisection (fewer launches)."
     )

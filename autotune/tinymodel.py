@@ -13,6 +13,10 @@ RNG, and the weights come from a seeded initialisation. Nothing touches the netw
 The model is a 2-layer Llama (hidden 128, 4 heads, 2 KV heads, head_dim 32: the CPU attention
 kernels reject head_dim 16), about 1.6 MB of bfloat16 weights, with a byte-level BPE vocabulary
 of about 2k tokens and a small chat template so chat endpoints work too.
+
+``--shape wide-kv`` writes a variant with 16 layers of 8 KV heads (32 KiB of float32 KV cache
+per token, 64× the default) and 32k positions, so that one 0.02 step of a host's memory fraction
+is a few tens of thousands of tokens: a KV pool a peak load can run short of, as on a GPU.
 """
 
 from __future__ import annotations
@@ -26,6 +30,24 @@ from typing import Any
 
 VOCAB_SIZE = 2048
 MAX_POSITIONS = 4096
+SHAPES: dict[str, dict[str, int]] = {
+    "tiny": {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": MAX_POSITIONS,
+    },
+    "wide-kv": {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 32768,
+    },
+}
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|system|>"]
 MARKER_FILE = "tinymodel.json"  # written last: its presence means the model is complete
 
@@ -122,20 +144,15 @@ def build_tokenizer(seed: int) -> Any:
     return fast
 
 
-def build_model(tokenizer: Any, seed: int) -> Any:
-    """A seeded 2-layer Llama sized to the tokenizer, cast to bfloat16."""
+def build_model(tokenizer: Any, seed: int, shape: str = "tiny") -> Any:
+    """A seeded Llama of ``shape`` sized to the tokenizer, cast to bfloat16."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **SHAPES[shape],
         vocab_size=len(tokenizer),
-        max_position_embeddings=MAX_POSITIONS,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -145,17 +162,17 @@ def build_model(tokenizer: Any, seed: int) -> Any:
     return model.to(torch.bfloat16)
 
 
-def write_model(out_dir: Path, seed: int) -> None:
+def write_model(out_dir: Path, seed: int, shape: str = "tiny") -> None:
     """Write config, weights, tokenizer and chat template into ``out_dir``, marker file last."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the save bars are noise in setup logs
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(seed)
-    model = build_model(tokenizer, seed)
+    model = build_model(tokenizer, seed, shape)
     tokenizer.save_pretrained(out_dir)
     model.save_pretrained(out_dir, safe_serialization=True)
-    marker = {"seed": seed, "vocab_size": len(tokenizer), "max_position_embeddings": MAX_POSITIONS}
+    marker = {"seed": seed, "shape": shape, "vocab_size": len(tokenizer), **SHAPES[shape]}
     (out_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
 
 
@@ -164,11 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path, help="folder to write the model into")
     parser.add_argument("--seed", type=int, default=0, help="seed for the corpus and the weights")
     parser.add_argument("--force", action="store_true", help="rewrite even if a model is already there")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="tiny (default) or wide-kv")
     args = parser.parse_args(argv)
     if (args.out_dir / MARKER_FILE).exists() and not args.force:
         print(f"tiny model already present in {args.out_dir} (use --force to rewrite)")
         return 0
-    write_model(args.out_dir, args.seed)
+    write_model(args.out_dir, args.seed, args.shape)
     print(f"wrote tiny model to {args.out_dir}")
     return 0
 

@@ -18,6 +18,13 @@ from autotune.runtime.procfs import environ_value, read_cmdline, terminate_group
 SESSION_ENV = "AUTOTUNE_TEST_SESSION"
 ENGINE_MARKERS = ("VLLM::", "vllm.entrypoints", "autotune.sim")
 
+# A background job of a non-interactive shell (`make test &`, nohup) starts with SIGINT ignored and
+# every process it starts inherits that; Python then installs no KeyboardInterrupt handler and the
+# Ctrl-C tests would send a signal nobody hears. A *handled* signal resets to the default at exec,
+# so with a handler here the tuners these tests start get Python's usual Ctrl-C.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def engines_with(name: str, value: str, markers: tuple[str, ...] = ENGINE_MARKERS) -> list[int]:
     """Engine processes (told by their command line) whose environment has ``name=value``."""

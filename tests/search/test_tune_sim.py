@@ -259,3 +259,40 @@ def test_max_slo_rate_without_a_queue_visible_slo_is_refused(tmp_path: Path) -> 
     job = _job(tmp_path, SEARCH_SPACE, method="search", trials=1, workload=workload)
     with pytest.raises(ConfigError, match="needs a TTFT or E2EL SLO"):
         run_study(job)
+
+
+def test_memory_edge_on_the_cpu_build_probes_node_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM-CPU's semantics in the simulator: a 16 GiB node, the fraction a share of it; Qwen3-0.6B's
+    # 1.2 GiB of weights + the worker's 0.6 GiB leave nothing for the KV cache at 0.10.
+    from autotune.runtime.hostmem import GIB, NodeMemory
+    from autotune.search import stages
+
+    monkeypatch.setattr(stages, "node_memory", lambda: NodeMemory(total=16 * GIB, available=5 * GIB))
+    engine = _engine(env={"VLLM_TARGET_DEVICE": "cpu", "AUTOTUNE_SIM_HOST_MEMORY_GIB": "16/15"})
+    engine = engine.model_copy(update={"model": "Qwen/Qwen3-0.6B", "fixed_flags": {"context_len": 1024}})
+    space = {
+        "params": {
+            "memory_fraction": {"type": "float", "low": 0.10, "high": 0.30, "step": 0.02},
+            "max_running": {"type": "int", "low": 4, "high": 16},
+        }
+    }
+    workload = {**WORKLOAD, "dataset": {"input_len": 256, "output_len": 256}}  # decode outgrows a short pool
+    job = _job(tmp_path, space, engine=engine, workload=workload, method="memory", trials=8, host_memory_margin_gib=2.0)
+    run_study(job)
+    study = load_study("t", job.storage_url)
+    state = study.user_attrs["stage.memory_edge"]
+    assert "skipped" not in state and "node memory" in state["note"]
+    results = {float(k): v for k, v in state["results"].items()}
+    assert results[0.10] == "too_low"  # refused: the reservation is smaller than the worker itself
+    # 5 GiB available less the 2 GiB margin is 0.18 of the node: nothing above it is asked for
+    assert max(results) == pytest.approx(0.18) and state["edge"] == pytest.approx(0.18)
+    assert state["ceiling"] == pytest.approx(0.18)  # the host, not the space (up to 0.30), set the top
+    probes = sorted((t.user_attrs["probe"], t) for t in study.trials if t.user_attrs.get("stage") == "memory_edge")
+    refused = probes[0][1]
+    assert "less than requested memory for kv" in refused.user_attrs["reason"]
+    served = [t for f, t in probes if t.user_attrs["outcome"] == "ok"]
+    pools = [t.user_attrs["facts"]["kv_tokens"] for t in served]
+    assert len(pools) >= 2 and pools == sorted(pools) and pools[0] < pools[-1]  # the pool grows with the fraction
+    assert state["kv_cache_memory_bytes"] == int(served[-1].user_attrs["facts"]["kv_gib"] * GIB)
+    # the smallest pool that started was short for the peak load: the engine preempted
+    assert served[0].user_attrs["facts"].get("preemptions", 0) > 0

@@ -43,11 +43,20 @@ from autotune.sim.dialects.vllm_args import (
 )
 from autotune.sim.engine import Engine, Fatal
 from autotune.sim.http import Request, Responder
-from autotune.sim.memory import FRAGMENTATION, GIB, VllmMemory, VllmMemoryPlan, footprint, plan_vllm
+from autotune.sim.memory import (
+    FRAGMENTATION,
+    GIB,
+    VllmMemory,
+    VllmMemoryPlan,
+    footprint,
+    plan_vllm,
+    plan_vllm_cpu,
+)
 from autotune.sim.metrics import CONTENT_TYPE, Exposition
 from autotune.sim.openai import EngineGroup, OpenAIServer, ServingConfig
 from autotune.sim.perf import PerfModel
 from autotune.sim.scheduler import Batch, VllmScheduler
+from autotune.sim.settings import this_host_gib
 from autotune.sim.stats import EngineStats
 from autotune.sim.tokenizer import Tokenizer
 
@@ -177,7 +186,8 @@ class VllmDialect(Dialect):
             f"dtype={dtype}, max_seq_len={c.max_model_len or c.derived_max_len}, download_dir=None, "
             f"load_format=auto, tensor_parallel_size={c.tp}, pipeline_parallel_size={c.pp}, "
             f"data_parallel_size={c.dp}, disable_custom_all_reduce=False, quantization={c.quantization}, "
-            f"enforce_eager={c.cudagraph_mode == 'NONE'}, kv_cache_dtype={c.kv_dtype}, device_config=cuda, "
+            f"enforce_eager={c.cudagraph_mode == 'NONE'}, kv_cache_dtype={c.kv_dtype}, "
+            f"device_config={'cpu' if self.settings.cpu else 'cuda'}, "
             f"seed={c.seed}, served_model_name={c.served_names[0]}, enable_prefix_caching={c.prefix_caching}, "
             f"enable_chunked_prefill={c.chunked_prefill}, compilation_config={graphs}"
         )
@@ -200,15 +210,26 @@ class VllmDialect(Dialect):
             num_gpu_blocks_override=c.num_gpu_blocks_override,
             check_free=not c.extensible_kv,
         )
+        if s.cpu:
+            return self._plan_cpu()
         plan = plan_vllm(self.memory)
         if c.extensible_kv and plan.failure in (None, "capture_oom"):
             # 0.34's VMM cache is sized after warm-up and capture: capture cannot run out first.
             plan = _extensible(plan, self.memory)
         return plan
 
+    def _plan_cpu(self) -> VllmMemoryPlan:
+        """vLLM-CPU's planning against the node's memory (the simulator's setting, else this host's)."""
+        s = self.settings
+        total, available = (v * GIB for v in (s.host_memory_gib or this_host_gib()))
+        space = s.engine_env.get("VLLM_CPU_KVCACHE_SPACE")
+        return plan_vllm_cpu(self.memory, total, available, float(space) * GIB if space else None)
+
     async def _start_engine(self, plan: VllmMemoryPlan) -> bool:
         """Model load → profile → KV cache → graph capture, stopping at the planned failure."""
         c = self.cfg
+        if self.settings.cpu:
+            return await self._start_cpu(plan)
         if plan.failure == "free_memory":
             return self._core_failed(
                 [
@@ -234,6 +255,56 @@ class VllmDialect(Dialect):
             return False
         total_s = 1.0 + self.fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S + (COMPILE_S if c.compile else 0) + PROFILE_S
         self.core(f"init engine (profile, create kv cache, warmup model) took {total_s:.2f} seconds", "core.py:239")
+        return True
+
+    async def _start_cpu(self, plan: VllmMemoryPlan) -> bool:
+        """vLLM-CPU's worker: the node-memory reservation, the load, then the KV cache it sets."""
+        c = self.cfg
+        node = f"node 0 ({gib(plan.free_at_start):.2f}/{gib(plan.total):.2f} GiB)"
+        explicit = c.kv_cache_memory_bytes is not None or "VLLM_CPU_KVCACHE_SPACE" in self.settings.engine_env
+        if plan.failure == "cpu_reserve":
+            return self._core_failed(
+                [
+                    f"ValueError: Available memory on {node} on startup is less than desired CPU memory utilization "
+                    f"({c.utilization}, {gib(plan.requested):.2f} GiB). On the CPU backend, the "
+                    "`--gpu-memory-utilization` flag controls the fraction of CPU memory reserved (despite its "
+                    "name). To resolve: decrease `--gpu-memory-utilization` (e.g. `--gpu-memory-utilization 0.5`) "
+                    "or reduce CPU memory used by other processes."
+                ]
+            )
+        if not await self._load(plan):
+            return False
+        if plan.failure == "cpu_kv":
+            asked = f"{gib(plan.kv_bytes):.2f}" if explicit else f"{gib(plan.kv_bytes):.2f}/{gib(plan.requested):.2f}"
+            fix = (
+                "Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, "
+                "or reduce CPU memory used by other processes."
+                if explicit
+                else "Reduce CPU memory used by other processes."
+            )
+            return self._core_failed(
+                [
+                    f"ValueError: Available memory on {node} on kv cache allocation is less than requested memory "
+                    f"for kv ({asked} GiB). {fix}"
+                ]
+            )
+        if explicit:
+            line = f"Explicitly set ({gib(plan.kv_bytes):.2f}/{gib(plan.total):.2f}) GiB for KV cache on node 0."
+        else:
+            line = (
+                f"Auto set ({gib(plan.kv_bytes):.2f}/{gib(plan.total):.2f}) GiB for KV cache on node 0, with "
+                f"{gib(plan.requested):.2f} GiB requested memory for the worker. {gib(plan.consumed):.2f} GiB "
+                "memory was consumed by non-kv usages."
+            )
+        self.worker(0, line, "cpu_worker.py:260")
+        if plan.failure == "kv_too_small":
+            return self._core_failed([self._too_small(plan)])
+        concurrency = plan.kv_tokens / plan.max_model_len
+        self.core(
+            f"CPU KV cache size: {fmt_commas(plan.kv_tokens)} tokens, Maximum concurrency for "
+            f"{fmt_commas(plan.max_model_len)} tokens per request: {concurrency:.2f}x",
+            "kv_cache_utils.py:1087",
+        )
         return True
 
     async def _load(self, plan: VllmMemoryPlan) -> bool:
@@ -308,16 +379,7 @@ class VllmDialect(Dialect):
             )
         self.core(f"Available KV cache memory: {gib(plan.kv_bytes):.2f} GiB", "gpu_worker.py:298")
         if plan.failure == "kv_too_small":
-            need = (c.max_model_len or 0) * self.fp.kv_bytes_per_token
-            return self._core_failed(
-                [
-                    f"ValueError: To serve at least one request with the model's max seq len ({c.max_model_len}), "
-                    f"({gib(need):.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-                    f"({gib(plan.kv_bytes):.2f} GiB). Based on the available memory, the estimated maximum model "
-                    f"length is {plan.estimated_max_len}. Try increasing `gpu_memory_utilization` or decreasing "
-                    "`max_model_len` when initializing the engine."
-                ]
-            )
+            return self._core_failed([self._too_small(plan)])
         if c.max_model_len is None:
             self.core(
                 f"Auto-fit max_model_len: reduced from {c.derived_max_len} to {plan.max_model_len} to fit the "
@@ -359,6 +421,16 @@ class VllmDialect(Dialect):
             "gpu_worker.py:386",
         )
         return True
+
+    def _too_small(self, plan: VllmMemoryPlan) -> str:
+        need = plan.max_model_len * self.fp.kv_bytes_per_token
+        return (
+            f"ValueError: To serve at least one request with the model's max seq len ({plan.max_model_len}), "
+            f"({gib(need):.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({gib(plan.kv_bytes):.2f} GiB). Based on the available memory, the estimated maximum model "
+            f"length is {plan.estimated_max_len}. Try increasing `gpu_memory_utilization` or decreasing "
+            "`max_model_len` when initializing the engine."
+        )
 
     def _core_failed(self, error_lines: list[str]) -> bool:
         """EngineCore's start-up failure, then the API server's RuntimeError (exit 1)."""
