@@ -976,7 +976,8 @@ def memory_edge_line(state: dict[str, Any], launches: dict[str, int] | None = No
     if not failed_high:
         return (
             f"memory edge: not reached — every probe up to {max(results):g} passed under the peak load; "
-            f"{edge:g}{pool} is the highest tried, not an edge (raise the space's memory_fraction high, or --probes) ({note})"
+            f"{edge:g}{pool} is the highest tried, not an edge "
+            f"(raise the space's memory_fraction high, or --probes) ({note})"
         )
     passing = max((f for f, r in results.items() if r == "ok"), default=edge)
     kept = "less one safety step" if edge < passing else "kept as is"
