@@ -12,7 +12,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -55,6 +54,7 @@ from autotune.report.html import write_report
 from autotune.report.live import LiveProgress
 from autotune.report.summary import explain, format_value, launch_counts, no_winner_text
 from autotune.report.table import parquet_ready, trials_frame
+from autotune.runtime import interrupt
 from autotune.search.storage import (
     best_trial,
     default_storage_url,
@@ -707,6 +707,7 @@ def _run_job(job: TuneJob, intro: list[str] | None = None) -> None:
     except AutotuneError as err:
         raise _fail(err) from None
     except KeyboardInterrupt:
+        interrupt.acknowledge()
         err_console.print("interrupted: engines torn down, study saved; run the same command to resume")
         raise typer.Exit(130) from None
     stopped = _budget_line(job, finished, time.monotonic() - started)
@@ -988,13 +989,9 @@ def memory_edge_line(state: dict[str, Any], launches: dict[str, int] | None = No
 
 
 def _terminate_as_interrupt() -> None:
-    """SIGTERM/SIGHUP (kill, a closed terminal) take the Ctrl-C path: engines torn down, study kept."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, handler)
+    """SIGTERM/SIGHUP (kill, a closed terminal) take the Ctrl-C path: engines torn down, study
+    kept; an interrupt swallowed by a finalizer is delivered again (``runtime/interrupt.py``)."""
+    interrupt.install()
 
 
 def _objective_metric(study: optuna.Study) -> str:
@@ -1129,7 +1126,16 @@ def _status_detail(t: optuna.trial.FrozenTrial) -> str:
     reason = explain(t) if outcome != "ok" else ""
     if reason:
         return f"{params} — {reason[:160]}" if params else reason[:160]
-    return params
+    return params + _probe_pool(t)
+
+
+def _probe_pool(t: optuna.trial.FrozenTrial) -> str:
+    """A served memory probe's KV pool and whether the peak load ran it short (preemptions)."""
+    facts = t.user_attrs.get("facts") or {}
+    if "probe" not in t.user_attrs or "kv_tokens" not in facts:
+        return ""
+    preempted = facts.get("preemptions")
+    return f" · KV {facts['kv_tokens']:,} tokens" + (f", {preempted} preemptions" if preempted is not None else "")
 
 
 @app.command()
@@ -1152,14 +1158,17 @@ def status(
     )
     console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())), highlight=False)
     probes = [t for t in trials if "probe" in t.user_attrs]
-    _print_trial_table([t for t in trials if "probe" not in t.user_attrs])
+    if workload_runs := [t for t in trials if "probe" not in t.user_attrs]:
+        _print_trial_table(workload_runs)
     if probes:
         console.print(
-            "memory probes, under the workload's peak shape (every slot busy with its longest request): "
-            "their numbers are not comparable with the workload's above",
+            "memory probes, under the workload's peak shape (every slot busy with its longest request)"
+            + (": their numbers are not comparable with the workload's above" if workload_runs else ""),
             highlight=False,
         )
         _print_trial_table(probes)
+    if (edge_state := st.user_attrs.get("stage.memory_edge")) and edge_state.get("results"):
+        console.print(memory_edge_line(edge_state), highlight=False)
     if len(st.directions) > 1:
         front = pareto_front(st)
         metrics = [term.metric for term in _objective_terms(st)]
@@ -1484,6 +1493,7 @@ def bench(
     except AutotuneError as err:
         raise _fail(err) from None
     except KeyboardInterrupt:
+        interrupt.acknowledge()
         _quiet_exit("interrupted: the benchmark was stopped; no result written")
     if capacity:
         header, rows = capacity_rows(found)

@@ -241,6 +241,11 @@ class EngineAdapter(ABC):
         load generator for cores, and the tuner partitions them). GPU engines: False."""
         return False
 
+    def pinned_kv_pool(self, flags: Mapping[str, Any]) -> str | None:
+        """Why the memory fraction sizes no KV cache with these (canonical) flags and the
+        engine's environment, or None when it does. Engines with no such setting: None."""
+        return None
+
     def measurement_env(self) -> dict[str, str]:
         """Environment the tuner adds to its own trials because it changes nothing measured but
         keeps the measurement sound (recorded with each trial, left out of exports)."""

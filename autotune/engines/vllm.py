@@ -397,6 +397,19 @@ class VllmAdapter(EngineAdapter):
             return {}
         return {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(MEASUREMENT_KEEP_ALIVE_S)}
 
+    def pinned_kv_pool(self, flags: Mapping[str, Any]) -> str | None:
+        """``--kv-cache-memory-bytes`` sets the pool in bytes; on the CPU build so does
+        ``VLLM_CPU_KVCACHE_SPACE`` (GiB). Either way the memory fraction sizes nothing."""
+        if flags.get("--kv-cache-memory-bytes") is not None:
+            return "kv_cache_memory_bytes pins the KV pool in bytes; the memory fraction does not size it"
+        space = {**os.environ, **self.settings.env}.get("VLLM_CPU_KVCACHE_SPACE")
+        if space is not None and self.runs_on_cpu():
+            return (
+                f"VLLM_CPU_KVCACHE_SPACE={space} GiB fixes the CPU build's KV cache; "
+                "the memory fraction does not size it (unset it to probe the fraction)"
+            )
+        return None
+
     def runs_on_cpu(self) -> bool:
         """The CPU build: the ``vllm-cpu`` distribution in the engine's Python (read from its
         files, never imported), ``VLLM_TARGET_DEVICE=cpu``, or ``VLLM_CPU_*`` settings."""

@@ -132,6 +132,9 @@ class LiveProgress:
             if metrics
             else summary.get("reason", "")[:160]
         )
+        pool = summary.get("pool") or {}
+        if summary["stage"] == "memory_edge" and "kv_tokens" in pool:  # a probe: the pool is the point
+            detail += f", KV {pool['kv_tokens']:,} tokens, {pool.get('preemptions', '?')} preemptions (peak shape)"
         t = summary.get("timings", {})
         self._line(
             f"trial {summary['number']} → {summary['outcome']}: {detail} "

@@ -221,6 +221,8 @@ def no_winner_text(trials: Sequence[FrozenTrial]) -> str:
             + (f" and {missed} missed them" if missed else " but none was feasible")
             + f" ({launch_counts(counts)})"
         )
+    if finished and all(t.user_attrs.get("workload_override") for t in finished):
+        return f"no trial ran the workload: only memory probes under its peak shape ({launch_counts(counts)})"
     return f"no trial served the workload: {launch_counts(counts)}"
 
 

@@ -18,7 +18,6 @@ to tune (no such knob in the space, a CPU engine) is skipped with a message, nev
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +44,6 @@ __all__ = [
 
 STEP = 0.02
 MEMORY, GRAPH, CONTEXT = "memory_fraction", "cuda_graph_max_bs", "context_len"
-KV_BYTES = "kv_cache_memory_bytes"
 
 
 # ------------------------------------------------------------------------------ budget
@@ -176,21 +174,6 @@ def _on_cpu(run: StudyRun) -> bool:
     )
 
 
-def _pinned_pool(run: StudyRun, fixed: Mapping[str, Any]) -> str | None:
-    """Why the memory fraction sizes no KV cache here, or None when it does."""
-    flag = run.adapter.knobs.get(KV_BYTES)
-    pinned = run.adapter.to_flags({**run.job.engine.fixed_flags, **run.job.space.fixed, **fixed})
-    if flag and pinned.get(flag) is not None:
-        return "kv_cache_memory_bytes pins the KV pool in bytes; the memory fraction does not size it"
-    env = {**os.environ, **run.job.engine.env}
-    if _on_cpu(run) and "VLLM_CPU_KVCACHE_SPACE" in env:
-        return (
-            f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']} GiB fixes the CPU build's KV cache; "
-            "the memory fraction does not size it (unset it to probe the fraction)"
-        )
-    return None
-
-
 def _cpu_ceiling(run: StudyRun) -> tuple[float, NodeMemory]:
     """The highest fraction of the node that fits in what is available now, less the margin."""
     host = node_memory()
@@ -206,7 +189,9 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
     if MEMORY not in run.job.space.params:
         skip_stage(run, "memory_edge", "the search space has no memory_fraction")
         return None
-    pinned = _pinned_pool(run, fixed)
+    pinned = run.adapter.pinned_kv_pool(
+        run.adapter.to_flags({**run.job.engine.fixed_flags, **run.job.space.fixed, **fixed})
+    )
     if pinned:
         skip_stage(run, "memory_edge", pinned)
         return None

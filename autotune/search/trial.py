@@ -109,6 +109,7 @@ class TrialResult:
             "reason": self.reason,
             "metrics": self.metrics,
             "timings": self.timings,
+            "pool": {k: self.facts[k] for k in ("kv_tokens", "preemptions") if k in self.facts},
         }
 
 

@@ -439,3 +439,11 @@ def test_cpu_auto_sized_kv_cache_gives_the_pool_in_gib_and_tokens() -> None:
     capacity = [e.data for e in events if e.kind == EventKind.KV_CAPACITY]
     assert {"kv_gib": 0.26} in capacity  # "Auto set (0.26/23.59) GiB for KV cache on node 0, ..."
     assert {"kv_tokens": 8_320, "context_len": 4096, "max_concurrency": 2.03, "pool": "CPU"} in capacity
+
+
+def test_a_kv_pool_set_in_bytes_or_by_the_cpu_variable_says_the_fraction_sizes_nothing() -> None:
+    gpu = make_adapter()
+    assert gpu.pinned_kv_pool({"--gpu-memory-utilization": 0.9}) is None
+    assert "kv_cache_memory_bytes pins the KV pool" in (gpu.pinned_kv_pool({"--kv-cache-memory-bytes": 1 << 30}) or "")
+    cpu = make_adapter(env={"VLLM_CPU_KVCACHE_SPACE": "4"})
+    assert (cpu.pinned_kv_pool({}) or "").startswith("VLLM_CPU_KVCACHE_SPACE=4 GiB fixes the CPU build's KV cache")
