@@ -37,6 +37,7 @@ class SimProcess:
     proc: subprocess.Popen[str]
     port: int
     lines: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -60,7 +61,10 @@ class SimProcess:
         pytest.fail(f"simulator not ready on {path}: {self.lines[-8:]}")
 
     def wait_exit(self, timeout_s: float = 60.0) -> int:
-        return self.proc.wait(timeout=timeout_s)
+        code = self.proc.wait(timeout=timeout_s)
+        if self.reader is not None:  # the last lines may still be in the pipe: read them all first
+            self.reader.join(timeout=timeout_s)
+        return code
 
     def wait_line(self, needle: str, timeout_s: float = 30.0) -> str:
         deadline = time.monotonic() + timeout_s
@@ -92,7 +96,8 @@ def start(dialect: str, *flags: str, env: dict[str, str] | None = None, port: in
         start_new_session=True,
     )
     sim = SimProcess(proc, port)
-    threading.Thread(target=sim.read, daemon=True).start()
+    sim.reader = threading.Thread(target=sim.read, daemon=True)
+    sim.reader.start()
     return sim
 
 
