@@ -97,6 +97,7 @@ class LaunchSpec:
     host: str
     port: int
     ready_path: str  # polled until 200
+    ready_fallback: str | None = None  # polled instead when ready_path answers 404 (not served)
 
     @property
     def base_url(self) -> str:

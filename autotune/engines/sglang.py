@@ -3,16 +3,17 @@
 SGLang is launched as ``<python> -m sglang.launch_server`` (or the configured command). Facts
 this module relies on (read from SGLang's source; see the project's SGLang reference notes):
 
-* Flags change between versions. 0.5.23 removed ``--cuda-graph-max-bs`` (passing it is now an
-  *ambiguous option*, exit 2) in favour of ``--cuda-graph-max-bs-decode``, and deprecated
-  ``--disable-cuda-graph`` and ``--enable-dp-attention``. The installed version is recognised from
-  its own ``--help``: a flag set that lists ``--cuda-graph-max-bs-decode`` has the new spellings.
+* Flags change between releases (``FLAG_CHANGES``, read from each release's own parser):
+  0.5.15 added the per-phase ``--cuda-graph-max-bs-decode`` (the old ``--cuda-graph-max-bs`` a
+  deprecated alias until 0.5.20 removed it: an *ambiguous option*, exit 2), 0.5.22 replaced
+  ``--enable-dp-attention`` by ``--attn-dp-size``. Each change is detected on its own from the
+  installed ``--help``; no one flag stands for a release.
 * argparse runs with ``allow_abbrev``, so users copy commands with prefixes such as ``--tp 8``;
   a unique prefix is expanded to the full flag so trial records and exports are unambiguous.
 * The port refuses connections until weights, KV pool and CUDA graphs are ready; ``/health`` is
   503 until the warm-up request succeeds and then runs a real one-token generation per call;
   ``/v1/models`` answers before warm-up, so it is never used for readiness. ``/ready`` is the
-  cheap readiness probe on the new flag set.
+  cheap readiness probe from 0.5.20; older releases answer it 404 and are polled on ``/health``.
 * A scheduler failure makes the parent SIGKILL its own process tree, so a failed start usually
   ends with return code -9: a failure of the engine, not a user interrupt.
 """
@@ -43,13 +44,12 @@ __all__ = [
     "LAUNCH_ENV",
     "FlagChange",
     "SglangAdapter",
-    "has_new_flag_set",
     "resolved_knobs",
 ]
 
 log = logging.getLogger(__name__)
 
-# A flag only the new (0.5.23+) flag set has; its presence in --help identifies that flag set.
+# The per-phase CUDA-graph flag (0.5.15+): the spelling the cuda_graph_max_bs knob prefers.
 NEW_FLAG_SET_MARKER = "--cuda-graph-max-bs-decode"
 TOO_HIGH, TOO_LOW = "too_high", "too_low"
 
@@ -69,14 +69,17 @@ _OWNED_FLAGS = {
 # ------------------------------------------------------------------------------- version drift
 @dataclass(frozen=True)
 class FlagChange:
-    """One SGLang flag that was renamed, removed or deprecated.
+    """One SGLang flag that was renamed or deprecated, with the releases that did it (read from
+    each release's own parser: ``tests/engines/data/sglang-releases``).
+
+    Which case applies is decided from the installed ``--help`` alone, flag by flag: both
+    spellings listed is the deprecation window, only the new one means the old was removed.
 
     Attributes:
         old: The old spelling.
-        new: The flag that replaces it (present in ``--help`` exactly when the change applies).
-        since: The SGLang version that made the change.
-        removed: True when the old spelling now fails (exit 2); False when it still works
-            but is deprecated (a warning, not an error).
+        new: The flag that replaces it.
+        since: The first release with ``new`` (and with ``old`` deprecated).
+        removed_in: The first release without ``old`` (passing it is then an error), if any.
         advice: How to write the replacement, when it is more than the new flag itself.
         knob: The portable knob that spells the right flag on every version, if there is one.
     """
@@ -84,44 +87,37 @@ class FlagChange:
     old: str
     new: str
     since: str
-    removed: bool
+    removed_in: str | None = None
     advice: str = ""
     knob: str | None = None
 
 
 FLAG_CHANGES: tuple[FlagChange, ...] = (
-    FlagChange("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "0.5.23", True, knob="cuda_graph_max_bs"),
-    FlagChange("--cuda-graph-bs", "--cuda-graph-bs-decode", "0.5.23", True),
+    FlagChange("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "0.5.15", "0.5.20", knob="cuda_graph_max_bs"),
+    FlagChange("--cuda-graph-bs", "--cuda-graph-bs-decode", "0.5.15", "0.5.20"),
     FlagChange(
         "--disable-cuda-graph",
         "--cuda-graph-backend-decode",
-        "0.5.23",
-        False,
+        "0.5.15",
         advice="--cuda-graph-backend-decode disabled and --cuda-graph-backend-prefill disabled",
+        knob="enforce_eager",
     ),
     FlagChange(
         "--enable-dp-attention",
         "--attn-dp-size",
-        "0.5.23",
-        False,
+        "0.5.22",
         advice="--attn-dp-size N in place of --dp-size N --enable-dp-attention",
     ),
 )
 
 
-def has_new_flag_set(known: FlagSet) -> bool:
-    """True when the installed SGLang has the 0.5.23+ flag spellings."""
-    return NEW_FLAG_SET_MARKER in known
-
-
 def _drift_problem(flag: str, known: FlagSet) -> str | None:
     """The one-line reason a flag is the wrong spelling for the installed version, if it is."""
     for change in FLAG_CHANGES:
-        if not change.removed:
-            continue
         use = f"use the portable knob {change.knob}" if change.knob else f"write {change.advice or change.new}"
         if flag == change.old and flag not in known and change.new in known:
-            return f"`{change.old}` was renamed to `{change.new}` in SGLang {change.since}; {use}"
+            removed = f", and the old spelling removed in {change.removed_in}" if change.removed_in else ""
+            return f"`{change.old}` was renamed to `{change.new}` in SGLang {change.since}{removed}; {use}"
         if flag == change.new and flag not in known and change.old in known:
             return (
                 f"`{change.new}` only exists from SGLang {change.since}; the installed SGLang spells it "
@@ -131,8 +127,9 @@ def _drift_problem(flag: str, known: FlagSet) -> str | None:
 
 
 def _deprecation(flag: str, known: FlagSet) -> FlagChange | None:
+    """The change that deprecates ``flag`` where the installed SGLang has both spellings."""
     for change in FLAG_CHANGES:
-        if not change.removed and flag == change.old and change.new in known:
+        if flag == change.old and flag in known and change.new in known:
             return change
     return None
 
@@ -140,28 +137,39 @@ def _deprecation(flag: str, known: FlagSet) -> FlagChange | None:
 # ----------------------------------------------------------------------------------- log lines
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _SERVER_ARGS = re.compile(r"server_args=(.+)$")
-_KV_ALLOCATED = re.compile(r"KV Cache is (?:allocated|VA upper bound)\.")
+# "KV Cache is allocated." (also with a label: "SWA KV Cache is ...") and, when the pool is sized
+# after graph capture (0.5.22+), "Post-capture KV sizing: KV cache allocated." — a draft model's
+# pool ("draft KV cache allocated") is not the target's.
+_KV_ALLOCATED = re.compile(r"KV Cache is (?:allocated|VA upper bound)\.|(?<!draft )KV cache allocated\.")
 _KV_TOKENS = re.compile(r"#tokens: (\d+)")
 _KV_SIZES = re.compile(r"\b(K|V|KV) size: (\d+(?:\.\d+)?) GB")
 _KV_DTYPE = re.compile(r"dtype: ([\w.]+)")
 _KV_SUMMARY = re.compile(r"\bmax_total_num_tokens=\d+")
 _KEY_VALUE = re.compile(r"\b(\w+)=" + _NUM)
 _KV_BELOW_CONTEXT = re.compile(r"KV pool holds (\d+) tokens, fewer than --context-length (\d+)")
+# "Capture cuda graph begin" (0.5.9), "Capture target decode CUDA graph end" (0.5.15+; "CPU graph",
+# "NPU graph" ... on other devices), "Capture piecewise CUDA graph begin" (0.5.9's prefill graphs).
 _CAPTURE = re.compile(
-    r"Capture (?:(?P<model>target|draft) )?(?:(?P<stage>prefill|decode|verify) )?cuda graph (?P<phase>begin|end)",
+    r"Capture (?:(?P<model>target|draft) )?(?:(?P<stage>prefill|decode|verify|piecewise) )?(?:\w+ )?graph "
+    r"(?P<phase>begin|end)\.",
     re.IGNORECASE,
 )
+# 0.5.9 logs the decode sizes on a line of their own: "Capture cuda graph bs [1, 2, 4, ...]".
+_CAPTURE_SIZES = re.compile(r"Capture cuda graph bs \[([\d, ]*)\]")
 _CAPTURE_FAILED = re.compile(r"Capture cuda graph failed", re.IGNORECASE)
 _PREFILL_GRAPH_FAILED = re.compile(r"Fail when using backend: (\w+) for prefill runner")
 _ELAPSED = re.compile(r"(?:elapsed=|Time elapsed: )(\d+(?:\.\d+)?) ?s")
 _MEM_USAGE = re.compile(r"mem usage=(\d+(?:\.\d+)?) GB")
 _AVAIL_MEM = re.compile(r"avail mem=(\d+(?:\.\d+)?) GB")
+# The decode sizes as 0.5.15-0.5.22 log them on the begin line and 0.5.23 on the end line.
 _CAPTURED_BS = re.compile(r"\bbs=\[([\d, ]*)\]")
 _READY = re.compile(r"The server is fired up and ready to roll")
-_DECODE = re.compile(r"Decode batch[.,]")
+_DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,]")  # " [N]": the forward iteration, when logged
 _RUNNING = re.compile(r"#running-req: (\d+)")
 _USED_TOKENS = re.compile(r"#(?:full )?token: (\d+)")
-_TOKEN_USAGE = re.compile(r"token usage: (\d+(?:\.\d+)?)")
+# Every device pool's usage: plain, or full/swa (hybrid SWA), mamba state, hisparse's GPU tokens.
+_POOL_USAGE = re.compile(r"(?:^|[\s,])(?:(full|swa|gpu) )?(token|mamba) usage: (\d+(?:\.\d+)?)")
+_REDUCED = re.compile(r"max_running_requests was reduced from the requested (\d+) to (\d+)")
 _CUDA_GRAPH = re.compile(r"cuda graph: (True|False)")
 _GEN_THROUGHPUT = re.compile(r"gen throughput \(token/s\): (\d+(?:\.\d+)?)")
 _QUEUE = re.compile(r"#queue-req: (\d+)")
@@ -256,7 +264,8 @@ def _kv_allocated_event(line: str) -> LogEvent | None:
 
 
 def _capture_event(line: str, m: re.Match[str]) -> LogEvent:
-    data: dict[str, Any] = {"phase": m.group("phase").lower(), "stage": (m.group("stage") or "decode").lower()}
+    stage = (m.group("stage") or "decode").lower()
+    data: dict[str, Any] = {"phase": m.group("phase").lower(), "stage": "prefill" if stage == "piecewise" else stage}
     if m.group("model"):
         data["model"] = m.group("model")
     for key, pattern in (("seconds", _ELAPSED), ("gib", _MEM_USAGE), ("avail_gib", _AVAIL_MEM)):
@@ -264,10 +273,15 @@ def _capture_event(line: str, m: re.Match[str]) -> LogEvent:
         if value is not None:
             data[key] = value
     bs = _CAPTURED_BS.search(line)
-    if bs and bs.group(1).strip():
-        sizes = [int(x) for x in bs.group(1).split(",") if x.strip()]
-        data["batch_sizes"], data["max_bs"] = sizes, max(sizes)
+    if bs:
+        data.update(_sizes(bs.group(1)))
     return LogEvent(EventKind.GRAPH_CAPTURE, line, data)
+
+
+def _sizes(listed: str) -> dict[str, Any]:
+    """``"1, 2, 4"`` → the captured batch sizes and their max (nothing for an empty list)."""
+    sizes = [int(x) for x in listed.split(",") if x.strip()]
+    return {"batch_sizes": sizes, "max_bs": max(sizes)} if sizes else {}
 
 
 def _decode_event(line: str) -> LogEvent:
@@ -275,7 +289,7 @@ def _decode_event(line: str) -> LogEvent:
     data: dict[str, Any] = {
         "running": _int(_RUNNING, line),
         "tokens": _int(_USED_TOKENS, line),
-        "token_usage": _float(_TOKEN_USAGE, line),
+        "token_usage": _tightest_pool(line),
         "cuda_graph": graph.group(1) == "True" if graph else None,
         "gen_throughput": _float(_GEN_THROUGHPUT, line),
         "queue": _int(_QUEUE, line),
@@ -284,6 +298,13 @@ def _decode_event(line: str) -> LogEvent:
     if accept is not None:
         data["accept_len"] = accept
     return LogEvent(EventKind.DECODE_BATCH, line, data)
+
+
+def _tightest_pool(line: str) -> float | None:
+    """The fullest device pool's usage: a hybrid model (full + SWA tokens, mamba state) runs out
+    where its tightest pool does."""
+    usages = [float(m.group(3)) for m in _POOL_USAGE.finditer(line)]
+    return max(usages) if usages else None
 
 
 def _retraction_event(line: str) -> LogEvent:
@@ -397,6 +418,14 @@ def _startup_event(line: str) -> LogEvent | None:
     capture = _CAPTURE.search(line)
     if capture:
         return _capture_event(line, capture)
+    sizes = _CAPTURE_SIZES.search(line)
+    if sizes:
+        return LogEvent(EventKind.GRAPH_CAPTURE, line, {"phase": "sizes", "stage": "decode", **_sizes(sizes.group(1))})
+    reduced = _REDUCED.search(line)
+    if reduced:
+        # SGLang clipped the requested cap to what the KV pool holds: the run used the smaller one.
+        data = {"requested": int(reduced.group(1)), "used": int(reduced.group(2))}
+        return LogEvent(EventKind.KV_CAPACITY, line, {"max_running_reduced": data, "max_concurrency": data["used"]})
     prefill_graph = _PREFILL_GRAPH_FAILED.search(line)
     if prefill_graph:
         # Logged with the error; whether it is fatal shows in the lines that follow.
@@ -612,8 +641,9 @@ class SglangAdapter(EngineAdapter):
         """argv: launch prefix, model, host, port, ``--enable-metrics`` (SGLang serves /metrics
         only with it), then ``engine.fixed_flags`` and ``flags`` (``flags`` win).
 
-        Readiness is polled on ``/ready`` where the flag set is the 0.5.23+ one (cheap, 200 once
-        warm-up succeeded); older versions are polled on ``/health``, which is 503 until warm-up.
+        Readiness is polled on ``/ready`` (cheap, 200 once warm-up succeeded; served from 0.5.20);
+        a release that answers it 404 is polled on ``/health`` instead, which is 503 until warm-up.
+        The port refuses connections until then, so the first answer decides.
 
         Raises:
             InvalidFlags: When the flags set the model, host or port (the tuner owns them).
@@ -628,9 +658,8 @@ class SglangAdapter(EngineAdapter):
         if "--enable-metrics" in known and "--enable-metrics" not in merged:
             argv.append("--enable-metrics")
         argv += self.render_flags(merged)
-        ready_path = "/ready" if has_new_flag_set(known) else "/health"
         env = {**LAUNCH_ENV, **self.settings.env}
-        return LaunchSpec(argv=argv, env=env, host=host, port=port, ready_path=ready_path)
+        return LaunchSpec(argv=argv, env=env, host=host, port=port, ready_path="/ready", ready_fallback="/health")
 
     # ------------------------------------------------------------------------- observing
     def parse_log_line(self, line: str) -> LogEvent | None:
@@ -701,10 +730,16 @@ class SglangAdapter(EngineAdapter):
         ``token_usage_mean``, ``cuda_graph_false_share``, ``queue_peak``, ``running_peak``,
         ``gen_throughput_mean``, ``decode_logs``, ``cache_hit_rate``, ``prompt_tokens``,
         ``generation_tokens``, ``cached_tokens``, ``aborted_requests``, ``kv_below_context``,
-        ``resolved_knobs`` (what SGLang's auto defaults resolved to), ``engine_version``.
+        ``resolved_knobs`` (what SGLang's auto defaults resolved to), ``engine_version``,
+        ``reduced_flags`` (``{flag: {"requested", "used"}}``: a value SGLang lowered at start-up),
+        ``retracted_input_tokens`` (prompt tokens recomputed after retractions), ``decode_passes``
+        (with ``cuda_graph_false_share`` then exact, from the per-mode pass counter).
         """
         facts: dict[str, Any] = {}
         facts.update(_startup_facts(events))
+        reduced = facts.pop("max_running_reduced", None)
+        if reduced:
+            facts["reduced_flags"] = {self.knobs["max_running"]: reduced}
         facts.update(_decode_facts([e.data for e in events if e.kind == EventKind.DECODE_BATCH]))
         facts.update(_retraction_facts(events, before, after))
         facts.update(_counter_facts(before, after))
@@ -724,9 +759,12 @@ def _startup_facts(events: list[LogEvent]) -> dict[str, Any]:
         data = event.data
         if event.kind == EventKind.KV_CAPACITY:
             facts.update({k: v for k, v in data.items() if k in _KV_FACT_KEYS})
-        elif event.kind == EventKind.GRAPH_CAPTURE and data.get("phase") == "end":
+        elif event.kind == EventKind.GRAPH_CAPTURE:
+            # Releases log the decode sizes on the begin line, the end line or a line of their own.
             if data.get("stage") == "decode" and "max_bs" in data:
                 facts["cuda_graph_max_bs"] = data["max_bs"]
+            if data.get("phase") != "end":
+                continue
             if "seconds" in data:
                 facts["graph_capture_s"] = round(facts.get("graph_capture_s", 0.0) + data["seconds"], 3)
             if "gib" in data:
@@ -738,7 +776,9 @@ def _startup_facts(events: list[LogEvent]) -> dict[str, Any]:
     return facts
 
 
-_KV_FACT_KEYS = frozenset({"kv_tokens", "kv_gib", "max_concurrency", "context_len", "headroom_gib", "kv_below_context"})
+_KV_FACT_KEYS = frozenset(
+    {"kv_tokens", "kv_gib", "max_concurrency", "context_len", "headroom_gib", "kv_below_context", "max_running_reduced"}
+)
 
 
 def _decode_facts(decodes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -779,14 +819,30 @@ def _retraction_facts(
     return {"retractions": retractions, "preemptions": retractions, "retraction_warnings": len(warnings)}
 
 
+def _graph_pass_facts(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
+    """Exact CUDA-graph coverage from ``sglang:cuda_graph_passes_total{mode}``: every forward pass
+    is counted, where the decode log line comes only every ``decode_log_interval`` steps."""
+    passes: dict[str, float] = {}
+    for labels, value in samples_named(after, "sglang:cuda_graph_passes_total"):
+        start = sum(v for lb, v in samples_named(before, "sglang:cuda_graph_passes_total") if lb == labels)
+        mode = labels.get("mode", "")
+        passes[mode] = passes.get(mode, 0.0) + (value if value < start else value - start)
+    graphed, eager = passes.get("decode_cuda_graph", 0.0), passes.get("decode_none", 0.0)
+    if graphed + eager <= 0:
+        return {}
+    return {"cuda_graph_false_share": round(eager / (graphed + eager), 4), "decode_passes": int(graphed + eager)}
+
+
 def _counter_facts(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
-    """Token counts, aborted requests and the prefix-cache hit rate over the run."""
-    facts: dict[str, Any] = {}
+    """Token counts, aborted requests, retracted (recomputed) prompt tokens, the prefix-cache hit
+    rate and CUDA-graph coverage over the run."""
+    facts: dict[str, Any] = _graph_pass_facts(before, after)
     for fact, name in (
         ("prompt_tokens", "sglang:prompt_tokens_total"),
         ("generation_tokens", "sglang:generation_tokens_total"),
         ("cached_tokens", "sglang:cached_tokens_total"),
         ("aborted_requests", "sglang:num_aborted_requests_total"),
+        ("retracted_input_tokens", "sglang:num_retracted_input_tokens_total"),
     ):
         delta = _delta(before, after, name)
         if delta is not None:

@@ -64,6 +64,7 @@ GAIN_METRICS: tuple[tuple[str, str, str, bool], ...] = (
 KNOB_FLAGS: dict[str, tuple[str, ...]] = {
     "memory_fraction": ("--gpu-memory-utilization", "--mem-fraction-static"),
     "cuda_graph_max_bs": ("--max-cudagraph-capture-size", "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"),
+    "max_running": ("--max-num-seqs", "--max-running-requests"),
 }
 
 CDF_POINTS = 1000
@@ -267,9 +268,13 @@ def launch_counts(outcomes: Mapping[str, int]) -> str:
 def knob_value(attrs: Mapping[str, Any], knob: str) -> Any:
     """A portable knob's value in a trial: its param, else its dialect flag, else an engine fact."""
     params = attrs.get("params") or {}
+    flags = attrs.get("flags") or {}
+    reduced = (attrs.get("facts") or {}).get("reduced_flags") or {}
+    for flag in KNOB_FLAGS.get(knob, ()):
+        if flag in reduced:  # the engine lowered it: the trial measured the value it used
+            return reduced[flag]["used"]
     if knob in params:
         return params[knob]
-    flags = attrs.get("flags") or {}
     for flag in KNOB_FLAGS.get(knob, ()):
         if flag in flags:
             return flags[flag]
@@ -336,12 +341,24 @@ def _gains(
 
 
 def _flag_rows(baseline: FrozenTrial | None, winner: FrozenTrial | None) -> list[FlagRow]:
-    base = dict((baseline.user_attrs.get("flags") or {}) if baseline else {})
-    win = dict((winner.user_attrs.get("flags") or {}) if winner else {})
+    base = _flags_run(baseline)
+    win = _flags_run(winner)
     names = list(win) + [f for f in base if f not in win]
-    rows = [FlagRow(f, _flag_text(base.get(f, DEFAULT_FLAG)), _flag_text(win.get(f, DEFAULT_FLAG))) for f in names]
+    rows = [FlagRow(f, base.get(f, DEFAULT_FLAG), win.get(f, DEFAULT_FLAG)) for f in names]
     # Changed flags first: they are the answer; fixed flags shared by both come after.
     return sorted(rows, key=lambda r: not r.changed)
+
+
+def _flags_run(trial: FrozenTrial | None) -> dict[str, str]:
+    """A trial's flags as text, each with the value the engine ran with where it lowered one."""
+    if trial is None:
+        return {}
+    reduced = (trial.user_attrs.get("facts") or {}).get("reduced_flags") or {}
+    out = {}
+    for flag, value in (trial.user_attrs.get("flags") or {}).items():
+        used = reduced.get(flag, {}).get("used")
+        out[flag] = _flag_text(value) + (f" (engine used {used})" if used is not None else "")
+    return out
 
 
 def _flag_text(value: Any) -> str:

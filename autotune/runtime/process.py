@@ -80,7 +80,10 @@ class EngineProcess:
         argv: The full command line.
         env: Variables added to (and overriding) the tuner's own environment.
         log_path: Where stdout and stderr go, appended; its folder is created.
-        ready_url: Polled by :meth:`wait_ready` until it answers 200.
+        ready_url: Polled by :meth:`wait_ready` until it answers 200 (``ready_url`` then holds
+            the route that answered).
+        ready_fallback_url: Polled instead once ``ready_url`` answers 404: an engine release
+            that does not serve the preferred route.
         health_url: Checked by :meth:`check_alive`; None checks only the process.
         on_line: Called with each output line (no newline) from the reader thread; returning
             True marks the line fatal for start-up. Exceptions from it are logged, not raised.
@@ -99,6 +102,7 @@ class EngineProcess:
         log_path: Path,
         *,
         ready_url: str,
+        ready_fallback_url: str | None = None,
         health_url: str | None = None,
         on_line: Callable[[str], bool] | None = None,
         startup_timeout_s: float = 600.0,
@@ -109,6 +113,7 @@ class EngineProcess:
         self.env = dict(env)
         self.log_path = Path(log_path)
         self.ready_url = ready_url
+        self.ready_fallback_url = ready_fallback_url
         self.health_url = health_url
         self.on_line = on_line
         self.startup_timeout_s = startup_timeout_s
@@ -285,7 +290,13 @@ class EngineProcess:
         with httpx.Client(timeout=_PROBE_TIMEOUT_S, trust_env=False) as client:
             while True:
                 self._raise_if_start_failed()
-                if _status(client, self.ready_url) == 200:
+                status = _status(client, self.ready_url)
+                if status == 404 and self.ready_fallback_url:
+                    # This release does not serve the readiness route: decided on its first answer.
+                    log.info("%s is not served (404); polling %s instead", self.ready_url, self.ready_fallback_url)
+                    self.ready_url, self.ready_fallback_url = self.ready_fallback_url, None
+                    continue
+                if status == 200:
                     self._note_shm()
                     return self.elapsed_s()
                 if time.monotonic() - self._shm_noted_at >= _SHM_SCAN_S:

@@ -348,12 +348,23 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float) -> dict[str, 
         value = t["value"] if t["outcome"] == Outcome.OK else -math.inf
         keep = value > -math.inf and (best is None or value > best_value * (1 + noise))
         verdict = _graph_verdict(t["outcome"], value, best_value, noise, keep)
-        run.progress.message(f"cuda graph max bs {size}: {verdict}")
+        run.progress.message(f"cuda graph max bs {size}{_captured_text(t.get('graphs') or {})}: {verdict}")
         if keep:
             best, best_value = choice, value
     decision = {k: v for k, v in (best or {}).items() if k in (GRAPH, MEMORY)}
     run.set_stage_state("cuda_graph", {"done": True, "fixed": decision, "noise": noise})
     return decision
+
+
+def _captured_text(graphs: Mapping[str, Any]) -> str:
+    """What the engine's log and counters say it captured: a size above the running cap is
+    clipped by the engine, and batches above the captured max run without a graph."""
+    parts = []
+    if "cuda_graph_max_bs" in graphs:
+        parts.append(f"captured up to {graphs['cuda_graph_max_bs']}")
+    if "cuda_graph_false_share" in graphs:
+        parts.append(f"{graphs['cuda_graph_false_share']:.0%} of decode steps without a graph")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _graph_verdict(outcome: str, value: float, best: float, noise: float, keep: bool) -> str:

@@ -110,6 +110,7 @@ class TrialResult:
             "metrics": self.metrics,
             "timings": self.timings,
             "pool": {k: self.facts[k] for k in ("kv_tokens", "preemptions") if k in self.facts},
+            "graphs": {k: self.facts[k] for k in ("cuda_graph_max_bs", "cuda_graph_false_share") if k in self.facts},
         }
 
 
@@ -377,6 +378,7 @@ def run_trial(
             env,
             t.log_path,
             ready_url=launch.base_url + launch.ready_path,
+            ready_fallback_url=launch.base_url + launch.ready_fallback if launch.ready_fallback else None,
             health_url=launch.base_url + adapter.health_path,
             on_line=t.on_line,
             startup_timeout_s=adapter.settings.startup_timeout_s,
@@ -396,6 +398,7 @@ def run_trial(
             with pinned(spec.cpus.client if spec.cpus else None):
                 runs, facts = t.bench(launch, proc)
             facts["measurement"] = t.measurement
+            facts["ready_route"] = proc.ready_url.removeprefix(launch.base_url)  # the one this release serves
             t.timings["bench_s"] = time.monotonic() - b0
             t.progress.phase("tearing down")
             d0 = time.monotonic()

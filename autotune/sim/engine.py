@@ -268,5 +268,6 @@ class Engine:
         stats.steps += 1
         stats.iteration_tokens.observe(shape.tokens)
         stats.prefill_tokens_computed += shape.tokens - shape.decode_seqs
-        if shape.graph is not GraphMode.EAGER:
-            stats.cuda_graph_passes += 1
+        phase = "decode" if shape.tokens == shape.decode_seqs else "prefill"
+        mode = f"{phase}_{'none' if shape.graph is GraphMode.EAGER else 'cuda_graph'}"
+        stats.graph_passes[mode] = stats.graph_passes.get(mode, 0) + 1

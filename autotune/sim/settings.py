@@ -11,7 +11,7 @@ the adapters, the exported launch scripts and the flag discovery never see a sim
 ``AUTOTUNE_SIM_NOISE``         relative standard deviation of step-time noise (default 0)
 ``AUTOTUNE_SIM_FAULT``         comma-separated faults, see :class:`FaultPlan`
 ``AUTOTUNE_SIM_VLLM_VERSION``  vLLM dialect version (0.32.0 default; 0.33.0, 0.34.0)
-``AUTOTUNE_SIM_SGLANG_VERSION``  SGLang dialect version (0.5.23 default; 0.5.9 = old flag set)
+``AUTOTUNE_SIM_SGLANG_VERSION``  SGLang release (0.5.23 default; 0.5.20, 0.5.15, 0.5.9: their routes and log formats)
 ``AUTOTUNE_SIM_HOST_MEMORY_GIB``  CPU mode: the node's ``TOTAL[/AVAILABLE]`` GiB (default: this host's)
 =============================  ==========================================================
 

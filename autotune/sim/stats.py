@@ -141,7 +141,8 @@ class EngineStats:
     retracted_requests: int = 0
     retracted_input_tokens: int = 0
     retracted_output_tokens: int = 0
-    cuda_graph_passes: int = 0
+    # Forward passes by SGLang's mode label: decode_cuda_graph, decode_none, prefill_cuda_graph, prefill_none.
+    graph_passes: dict[str, int] = field(default_factory=dict)
     steps: int = 0
     wall_lag_s: float = 0.0
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0, "error": 0})

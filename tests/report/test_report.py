@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from autotune.report import summary as summary_module
 from autotune.report.html import write_report
 from autotune.report.plots import pareto
 from autotune.report.summary import CDF_POINTS, _empirical, summarize
@@ -409,3 +410,17 @@ def test_long_runs_are_thinned_to_a_bounded_cdf() -> None:
     xs, shares = _empirical([float(i % 977) for i in range(20_000)])
     assert len(xs) <= CDF_POINTS and shares[-1] == 1.0 and xs[-1] == 976.0
     assert xs == sorted(xs) and shares == sorted(shares)
+
+
+def test_a_flag_the_engine_lowered_is_shown_and_read_as_the_value_it_used() -> None:
+    def trial(flags: dict[str, Any], facts: dict[str, Any]) -> optuna.trial.FrozenTrial:
+        attrs = {"flags": flags, "params": {"max_running": flags.get("--max-running-requests")}, "facts": facts}
+        return optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=attrs)
+
+    reduced = {"reduced_flags": {"--max-running-requests": {"requested": 128, "used": 40}}}
+    winner = trial({"--max-running-requests": 128, "--chunked-prefill-size": 4096}, reduced)
+    baseline = trial({}, {})
+    rows = {r.flag: r for r in summary_module._flag_rows(baseline, winner)}
+    assert rows["--max-running-requests"].winner == "128 (engine used 40)"
+    assert rows["--chunked-prefill-size"].winner == "4096"
+    assert summary_module.knob_value(dict(winner.user_attrs), "max_running") == 40

@@ -127,6 +127,26 @@ def test_staged_run_finds_the_edge_under_load(tmp_path: Path) -> None:
     assert best.params.get("memory_fraction", state["edge"]) <= state["edge"] + 1e-9
 
 
+def test_sglang_0_5_15_study_reads_graph_sizes_from_the_begin_line_and_readies_on_health(tmp_path: Path) -> None:
+    # 0.5.15 serves no /ready and logs the decode graph sizes on the capture *begin* line.
+    space = {
+        "params": {
+            "cuda_graph_max_bs": {"type": "categorical", "choices": [8, 16]},
+            "max_running": {"type": "int", "low": 16, "high": 64, "log": True},
+        }
+    }
+    engine = _engine("sglang", env={"AUTOTUNE_SIM_SGLANG_VERSION": "0.5.15"})
+    job = _job(tmp_path, space, engine=engine, method="staged", trials=4, finalists=1, validation_runs=1)
+    best = run_study(job)
+    assert best is not None
+    study = load_study("t", job.storage_url)
+    assert study.user_attrs["stage.cuda_graph"]["done"]
+    graph_trials = [t for t in study.trials if t.user_attrs["stage"] == "cuda_graph"]
+    assert [t.user_attrs["facts"]["cuda_graph_max_bs"] for t in graph_trials] == [8, 16]
+    assert {t.user_attrs["facts"]["ready_route"] for t in study.trials if "facts" in t.user_attrs} == {"/health"}
+    assert all(0 <= t.user_attrs["facts"]["cuda_graph_false_share"] <= 1 for t in graph_trials)
+
+
 def _sim_processes(results: Path) -> list[int]:
     out = []
     for entry in Path("/proc").glob("[0-9]*"):

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
+from autotune.sim.dialects.sglang_args import RELEASES
+
 READY_TIMEOUT_S = 60.0
 FAST = {"AUTOTUNE_SIM_SPEEDUP": "500", "AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SEED": "0"}
 
@@ -119,10 +121,10 @@ class Sims:
         return sim
 
     def ready(self, dialect: str, *flags: str, env: dict[str, str] | None = None) -> SimProcess:
-        """A simulator that answers on its readiness path (vLLM /health, SGLang /ready)."""
+        """A simulator that answers on its readiness path (vLLM /health, SGLang /ready where served)."""
         sim = self.start(dialect, *flags, env=env)
         version = (env or {}).get("AUTOTUNE_SIM_SGLANG_VERSION", "0.5.23")
-        sim.wait_ready("/health" if dialect == "vllm" or version == "0.5.9" else "/ready")
+        sim.wait_ready("/ready" if dialect == "sglang" and RELEASES[version].ready_route else "/health")
         return sim
 
     def exited(

@@ -8,8 +8,11 @@ It behaves as ``python -m sglang.launch_server`` does (facts in ``reference/sgla
   a warm-up ``Prefill batch`` and ``The server is fired up and ready to roll!``. While serving:
   ``Prefill batch, …`` per prefill batch, ``Decode batch, … cuda graph: …, #queue-req: …`` every
   ``--decode-log-interval`` decode batches, and ``KV cache pool is full. Retract requests. …``.
-* The port refuses connections until the graphs are captured; ``/health`` and ``/ready`` are
-  503 until the warm-up request has finished; ``/v1/models`` answers before that.
+* The port refuses connections until the graphs are captured; ``/health`` and ``/ready`` (served
+  from 0.5.20 only) are 503 until the warm-up request has finished; ``/v1/models`` answers before.
+* The release (``AUTOTUNE_SIM_SGLANG_VERSION``, see ``sglang_args.RELEASES``) decides the flag
+  set, the routes, where the decode graph sizes are logged and whether a lowered
+  ``--max-running-requests`` is said.
 * A failure inside the scheduler (memory too low/high at start-up, an OOM or crash at run time)
   logs ``Scheduler hit an exception`` and the launcher SIGKILLs its own tree: exit code −9.
   Usage errors exit 2; errors in the main process (bad context length, model not found) exit 1.
@@ -128,7 +131,7 @@ class SglangDialect(Dialect):
         self.main_log(modelled_banner(s))
         for warning in cfg.warnings:
             self.main_log(warning)
-        if ns.attention_backend is None and cfg.version != "0.5.9":
+        if ns.attention_backend is None and cfg.release.per_phase_graphs:
             self.main_log(f"Attention backend not specified. Use {cfg.attention_backend} backend by default.")
         if s.faults.hang_startup:
             await self.rt.hang()
@@ -141,7 +144,7 @@ class SglangDialect(Dialect):
 
     def _log_args(self) -> None:
         c = self.cfg
-        if c.version == "0.5.9":
+        if not c.release.per_phase_graphs:
             inner = ", ".join(f"{k}={v!r}" for k, v in c.args.items())
             self.main_log(f"server_args=ServerArgs({inner})")
         else:
@@ -171,7 +174,7 @@ class SglangDialect(Dialect):
         load_s = 1.0 + self.fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S
         await self.rt.pause(load_s)
         used = gib(plan.pre - plan.after_weights)
-        if c.version == "0.5.9":
+        if not c.release.per_phase_graphs:
             self.sched_log(
                 f"Load weight end. type={c.model.architecture}, dtype=torch.bfloat16, "
                 f"avail mem={gib(plan.after_weights):.2f} GB, mem usage={used:.2f} GB."
@@ -208,7 +211,7 @@ class SglangDialect(Dialect):
         half = gib(plan.kv_bytes) / 2
         dtype = (
             ""
-            if c.version == "0.5.9"
+            if not c.release.per_phase_graphs
             else "dtype: torch.bfloat16, "
             if c.kv_dtype == "auto"
             else f"dtype: {c.kv_dtype}, "
@@ -256,13 +259,16 @@ class SglangDialect(Dialect):
             )
         if not c.decode_sizes:
             return True
-        old = c.version == "0.5.9"
+        old, sizes_on = not c.release.per_phase_graphs, c.release.sizes_on
         avail = gib(plan.after_prefill_capture)
+        if sizes_on == "bs_line":
+            self.sched_log(f"Capture cuda graph bs {c.decode_sizes}")
+        begin_sizes = f"bs={c.decode_sizes}, " if sizes_on == "begin" else ""
         self.sched_log(
             f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB"
             if old
             else f"Capture target decode CUDA graph begin. backend={c.decode_backend}, "
-            f"num_tokens_per_req=1, avail mem={avail:.2f} GB"
+            f"num_tokens_per_req=1, {begin_sizes}avail mem={avail:.2f} GB"
         )
         elapsed = CAPTURE_S_PER_DECODE_BS * len(c.decode_sizes)
         await self.rt.pause(elapsed)
@@ -273,10 +279,11 @@ class SglangDialect(Dialect):
                 [f"Exception: Capture cuda graph failed: {oom.split(': ', 1)[1]}", *hint.split("\n")]
             )
         usage, left = gib(plan.decode_graph), gib(plan.available)
+        end_sizes = f"bs={c.decode_sizes}, " if sizes_on == "end" else ""
         self.sched_log(
             f"Capture cuda graph end. Time elapsed: {elapsed:.2f} s. mem usage={usage:.2f} GB. avail mem={left:.2f} GB."
             if old
-            else f"Capture target decode CUDA graph end. bs={c.decode_sizes}, elapsed={elapsed:.2f} s, "
+            else f"Capture target decode CUDA graph end. {end_sizes}elapsed={elapsed:.2f} s, "
             f"mem usage={usage:.2f} GB, avail mem={left:.2f} GB."
         )
         return True
@@ -285,7 +292,13 @@ class SglangDialect(Dialect):
         """``min(clamp(tokens / context × 512, 2048, 4096), tokens // 2)``, or the user's cap."""
         c = self.cfg
         if c.max_running_user is not None:
-            return max(1, min(c.max_running_user, tokens // 2))
+            used = max(1, min(c.max_running_user, tokens // 2))
+            if used < c.max_running_user and c.release.logs_reduced_cap:
+                self.sched_log(
+                    f"max_running_requests was reduced from the requested {c.max_running_user} to {used} "
+                    "(per dp worker) due to the available KV cache capacity."
+                )
+            return used
         auto = min(max(int(tokens / c.context_length * 512), 2048), 4096)
         return max(1, min(auto, tokens // 2))
 
@@ -412,7 +425,8 @@ class SglangDialect(Dialect):
         api, r = self.openai, Router()
         r.add("GET", "/health", self._health)
         r.add("GET", "/health_generate", self._health)
-        r.add("GET", "/ready", lambda q, p: p.send(200 if self.status == "Up" else 503, b""))
+        if self.cfg.release.ready_route:
+            r.add("GET", "/ready", lambda q, p: p.send(200 if self.status == "Up" else 503, b""))
         r.add("GET", "/model_info", self._model_info)
         r.add("GET", "/get_model_info", self._model_info)
         r.add("GET", "/server_info", self._server_info)
@@ -520,7 +534,12 @@ class SglangDialect(Dialect):
         m.counter("sglang:cached_tokens", "Number of cached prompt tokens.", st.prompt_tokens_cached)
         m.counter("sglang:num_requests", "Number of requests processed.", sum(st.finished.values()))
         m.counter("sglang:num_aborted_requests", "Number of requests aborted.", st.finished.get("abort", 0))
-        m.counter("sglang:cuda_graph_passes", "Forward passes run with a CUDA graph.", st.cuda_graph_passes)
+        m.counters(
+            "sglang:cuda_graph_passes",
+            "Total number of forward passes categorized by CUDA graph.",
+            dict(st.graph_passes),
+            "mode",
+        )
         m.counter(
             "sglang:realtime_tokens",
             "Tokens processed (prefill + generation).",
@@ -621,9 +640,8 @@ class SglangDialect(Dialect):
         rate = (gen - g0) / (now - t0) if now > t0 and t0 > 0 else 0.0
         used, _, usage, running, queue = self._pool_state()
         graph = batch.shape.graph is not GraphMode.EAGER
-        sep = "." if self.cfg.version == "0.5.9" else ","
         self.sched_log(
-            f"Decode batch{sep} #running-req: {running}, #token: {used}, token usage: {usage:.2f}, "
+            f"Decode batch, #running-req: {running}, #token: {used}, token usage: {usage:.2f}, "
             f"cuda graph: {graph}, gen throughput (token/s): {rate:.2f}, #queue-req: {queue}",
             flush=False,
         )

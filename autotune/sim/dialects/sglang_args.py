@@ -1,9 +1,10 @@
 """SGLang's command line per version, and its resolution hooks (``arg_groups/*_hook.py``).
 
-0.5.23 (default) splits CUDA-graph flags by phase: ``--cuda-graph-max-bs-decode`` /
-``--cuda-graph-max-bs-prefill``, so the removed ``--cuda-graph-max-bs`` is an ambiguous prefix
-(argparse exit 2) exactly as in the real parser. ``AUTOTUNE_SIM_SGLANG_VERSION=0.5.9`` gives the
-old flag set (``--cuda-graph-max-bs``, ``--cuda-graph-bs``, ``--disable-cuda-graph``).
+``AUTOTUNE_SIM_SGLANG_VERSION`` picks the release (``RELEASES``: 0.5.23 default, 0.5.20, 0.5.15,
+0.5.9). From 0.5.15 CUDA-graph flags are per phase (``--cuda-graph-max-bs-decode`` /
+``--cuda-graph-max-bs-prefill``); 0.5.15-0.5.19 keep ``--cuda-graph-max-bs`` as a deprecated alias,
+and from 0.5.20 it is an ambiguous prefix (argparse exit 2) exactly as in the real parser. 0.5.9
+has the old flag set (``--cuda-graph-max-bs``, ``--cuda-graph-bs``, ``--disable-cuda-graph``).
 
 Defaults resolved from the GPU (``memory_hook.py``): chunked prefill size and decode-graph max
 batch by ``nvidia-smi`` memory, then ``mem_fraction_static`` = (memory − reserved) ÷ memory with
@@ -22,9 +23,45 @@ from typing import Any
 from autotune.sim.dialects.base import capture_sizes, human_readable_int
 from autotune.sim.presets import GpuPreset, ModelPreset
 
-__all__ = ["SUPPORTED_VERSIONS", "SglangConfig", "build_parser", "resolve"]
+__all__ = ["RELEASES", "SUPPORTED_VERSIONS", "Release", "SglangConfig", "build_parser", "resolve"]
 
-SUPPORTED_VERSIONS = ("0.5.23", "0.5.9")
+
+@dataclass(frozen=True)
+class Release:
+    """What one SGLang release serves and prints, as read from its own files (the adapter's tests
+    hold these against ``tests/engines/data/sglang-releases``).
+
+    Attributes:
+        version: The release.
+        per_phase_graphs: ``--cuda-graph-max-bs-decode`` and friends (0.5.15+).
+        graph_aliases: The old ``--cuda-graph-max-bs`` / ``--cuda-graph-bs`` kept as deprecated
+            aliases of the per-phase flags (0.5.15-0.5.19).
+        attn_dp_size: ``--attn-dp-size``, with ``--enable-dp-attention`` deprecated (0.5.22+).
+        ready_route: ``GET /ready`` is served (0.5.20+).
+        sizes_on: Where the decode graph sizes are logged: ``"bs_line"`` (0.5.9's
+            ``Capture cuda graph bs [..]``), ``"begin"`` (0.5.15-0.5.22) or ``"end"`` (0.5.23).
+        logs_reduced_cap: Says when the KV pool lowers ``--max-running-requests`` (0.5.15+).
+    """
+
+    version: str
+    per_phase_graphs: bool
+    graph_aliases: bool
+    attn_dp_size: bool
+    ready_route: bool
+    sizes_on: str
+    logs_reduced_cap: bool
+
+
+RELEASES = {
+    r.version: r
+    for r in (
+        Release("0.5.23", True, False, True, True, "end", True),
+        Release("0.5.20", True, False, False, True, "begin", True),
+        Release("0.5.15", True, True, False, False, "begin", True),
+        Release("0.5.9", False, False, False, False, "bs_line", False),
+    )
+}
+SUPPORTED_VERSIONS = tuple(RELEASES)
 POLICIES = ["fcfs", "lpm", "random", "dfs-weight", "lof", "priority", "routing-key", "hrrn", "shortest-prefill-first"]
 ATTENTION = [
     "triton",
@@ -95,7 +132,8 @@ def _flag_json(value: str) -> dict[str, Any]:
 
 def build_parser(version: str) -> argparse.ArgumentParser:
     """SGLang's ``launch_server`` parser for ``version`` (``allow_abbrev`` on, as upstream)."""
-    new = version != "0.5.9"
+    release = RELEASES[version]
+    new = release.per_phase_graphs
     parser = argparse.ArgumentParser(prog="sglang serve" if new else "launch_server.py")
 
     def group(title: str) -> Any:
@@ -178,7 +216,7 @@ def build_parser(version: str) -> argparse.ArgumentParser:
         default=1,
         help="The pipeline parallelism size.",
     )
-    if new:
+    if release.attn_dp_size:
         g.add_argument(
             "--attn-dp-size",
             "--attention-data-parallel-size",
@@ -212,6 +250,20 @@ def build_parser(version: str) -> argparse.ArgumentParser:
         g.add_argument("--disable-decode-cuda-graph", action="store_true", help="Disable decode CUDA graphs.")
         g.add_argument("--disable-prefill-cuda-graph", action="store_true", help="Disable prefill CUDA graphs.")
         g.add_argument("--cuda-graph-config", type=_flag_json, help="JSON with per-phase CUDA graph settings.")
+        if release.graph_aliases:
+            g.add_argument(
+                "--cuda-graph-max-bs",
+                dest="cuda_graph_max_bs_decode",
+                type=int,
+                help="Deprecated alias for --cuda-graph-max-bs-decode.",
+            )
+            g.add_argument(
+                "--cuda-graph-bs",
+                dest="cuda_graph_bs_decode",
+                type=int,
+                nargs="+",
+                help="Deprecated alias for --cuda-graph-bs-decode.",
+            )
         g.add_argument(
             "--disable-cuda-graph",
             action="store_true",
@@ -251,6 +303,10 @@ class StartupError(Exception):
 @dataclass
 class SglangConfig:
     """Resolved server arguments."""
+
+    @property
+    def release(self) -> Release:
+        return RELEASES[self.version]
 
     version: str
     model: ModelPreset
@@ -327,7 +383,8 @@ def resolve(
     ns: argparse.Namespace, version: str, gpu: GpuPreset, model: ModelPreset, env: dict[str, str], num_gpus: int
 ) -> SglangConfig:
     """Apply SGLang's resolution hooks; raise StartupError where SGLang fails."""
-    new = version != "0.5.9"
+    release = RELEASES[version]
+    new = release.per_phase_graphs
     warnings: list[str] = []
     tp, pp, dp = ns.tp_size, ns.pp_size, ns.dp_size
     context = ns.context_length or model.max_position
@@ -373,7 +430,7 @@ def resolve(
     fraction = ns.mem_fraction_static
     if fraction is None:
         fraction = auto_fraction(gpu, chunk, tp, pp, max(decode_sizes, default=0), len(prefill_sizes))
-    if new and ns.enable_dp_attention:
+    if release.attn_dp_size and ns.enable_dp_attention:
         warnings.append(
             "--enable-dp-attention is deprecated and will be removed in a future release. Use --attn-dp-size instead."
         )
