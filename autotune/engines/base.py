@@ -227,6 +227,9 @@ class EngineAdapter(ABC):
     help_args: ClassVar[tuple[str, ...]] = ("--help",)
     #: liveness after readiness (vLLM: 503 once the engine core is dead)
     health_path: ClassVar[str] = "/health"
+    #: ``/metrics`` gauges sampled during a run: fact → gauge names (each sample takes the largest,
+    #: so of several pools the tightest counts). Facts: ``token_usage`` (0–1), ``queue``, ``running``.
+    sampled_gauges: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
     def __init__(self, settings: EngineSettings):
         self.settings = settings

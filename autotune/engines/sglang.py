@@ -526,6 +526,18 @@ class SglangAdapter(EngineAdapter):
     )
     #: Knobs whose SGLang flag means the opposite (SGLang has prefix caching on by default).
     inverted_knobs: ClassVar[frozenset[str]] = frozenset({"prefix_caching"})
+    sampled_gauges: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+        {
+            "token_usage": (
+                "sglang:token_usage",
+                "sglang:full_token_usage",
+                "sglang:swa_token_usage",
+                "sglang:mamba_usage",
+            ),
+            "queue": ("sglang:num_queue_reqs",),
+            "running": ("sglang:num_running_reqs",),
+        }
+    )
     #: Liveness after readiness. /health runs a real one-token generation, so a hung scheduler
     #: shows as 503 (within SGLANG_HEALTH_CHECK_TIMEOUT); it exists in every version.
     health_path: ClassVar[str] = "/health"

@@ -328,6 +328,14 @@ class VllmAdapter(EngineAdapter):
     default_module: ClassVar[str] = "vllm.entrypoints.openai.api_server"
     help_args: ClassVar[tuple[str, ...]] = ("--help=all",)
     health_path: ClassVar[str] = "/health"
+    # kv_cache_usage_perc replaced gpu_cache_usage_perc; whichever the release serves is read.
+    sampled_gauges: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+        {
+            "token_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            "queue": ("vllm:num_requests_waiting",),
+            "running": ("vllm:num_requests_running",),
+        }
+    )
     knobs: ClassVar[Mapping[str, str]] = MappingProxyType(
         {
             "memory_fraction": "--gpu-memory-utilization",

@@ -348,12 +348,25 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float) -> dict[str, 
         value = t["value"] if t["outcome"] == Outcome.OK else -math.inf
         keep = value > -math.inf and (best is None or value > best_value * (1 + noise))
         verdict = _graph_verdict(t["outcome"], value, best_value, noise, keep)
-        run.progress.message(f"cuda graph max bs {size}{_captured_text(t.get('graphs') or {})}: {verdict}")
+        graphs = t.get("graphs") or {}
+        run.progress.message(f"cuda graph max bs {size}{_captured_text(graphs)}: {verdict}")
         if keep:
             best, best_value = choice, value
+        if value > -math.inf and _covers_every_decode_step(graphs) and size != sizes[-1]:
+            run.progress.message(
+                f"cuda graph max bs {size} ran every decode step in a graph (the engine's pass counter): "
+                "larger sizes cannot add coverage, only memory; stopping here"
+            )
+            break
     decision = {k: v for k, v in (best or {}).items() if k in (GRAPH, MEMORY)}
     run.set_stage_state("cuda_graph", {"done": True, "fixed": decision, "noise": noise})
     return decision
+
+
+def _covers_every_decode_step(graphs: Mapping[str, Any]) -> bool:
+    """True when the engine counted every decode pass of the run (not sampled log lines) and
+    none ran without a graph."""
+    return bool(graphs.get("decode_passes")) and graphs.get("cuda_graph_false_share") == 0
 
 
 def _captured_text(graphs: Mapping[str, Any]) -> str:

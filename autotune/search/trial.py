@@ -23,6 +23,7 @@ from typing import Any
 from autotune import __version__
 from autotune.bench import prometheus, quality
 from autotune.bench.capacity import search_capacity
+from autotune.bench.gauges import GaugeSampler
 from autotune.bench.instruments import run_engine_client
 from autotune.bench.loadgen import BenchProgress, run_workload_sync
 from autotune.bench.stability import throughput_interval
@@ -110,10 +111,15 @@ class TrialResult:
             "metrics": self.metrics,
             "timings": self.timings,
             "pool": {k: self.facts[k] for k in ("kv_tokens", "preemptions") if k in self.facts},
-            "graphs": {k: self.facts[k] for k in ("cuda_graph_max_bs", "cuda_graph_false_share") if k in self.facts},
+            "graphs": {
+                k: self.facts[k]
+                for k in ("cuda_graph_max_bs", "cuda_graph_false_share", "decode_passes")
+                if k in self.facts
+            },
         }
 
 
+GAUGE_INTERVAL_S = 0.5  # one /metrics read per half second: negligible next to the workload
 CLIENT_RERUNS = 2  # a client-limited run is run again this many times before the trial gives up
 LENGTHENINGS, MAX_GROWTH = 2, 4.0  # a short run is lengthened at most twice, each time ≤ 4× the prompts
 
@@ -194,22 +200,15 @@ class _Trial:
         # The engine's own client reports no progress to watch: only the bench timeout bounds it.
         stall_s = self.spec.stall_timeout_s if self.workload.client == "autotune" else math.inf
         self.watchdog = _Watchdog(proc, stall_s)
+        sampler = GaugeSampler(launch.base_url, self.adapter.sampled_gauges, GAUGE_INTERVAL_S)
         try:
-            for i in range(self.spec.repeats):
-                self.progress.phase(
-                    f"benchmarking {i + 1}/{self.spec.repeats}" if self.spec.repeats > 1 else "benchmarking"
-                )
-                if self.workload.client != "autotune":  # the engine's own benchmark client measures
-                    runs.append(self._engine_client(launch, i))
-                elif self.workload.searches_capacity and self.workload.slos:  # a probe's peak load has none
-                    runs.append(self._capacity(launch))
-                else:
-                    runs.append(self._valid_run(launch, proc, i))
-                self._check_engine(proc)
+            with sampler:
+                self._runs(launch, proc)
         finally:
             self.watchdog.stop()
         after = prometheus.scrape(launch.base_url)
         facts = self.adapter.engine_facts(self.events, before, after)
+        facts.update(_sampled_facts(sampler.summary(), facts))
         facts["client_limited"] = any(r.get("client_limited") for r in runs)
         if self.reruns:
             facts["client_reruns"] = self.reruns
@@ -220,6 +219,20 @@ class _Trial:
             facts["throughput_ci"] = max(intervals)  # the loosest run's 95 % half-width, relative
         _write_json(self.spec.trial_dir / "bench.json", {"schema_version": SCHEMA_VERSION, "runs": runs})
         return runs, facts
+
+    def _runs(self, launch: LaunchSpec, proc: EngineProcess) -> None:
+        """The workload ``repeats`` times, each with the client the workload names."""
+        for i in range(self.spec.repeats):
+            self.progress.phase(
+                f"benchmarking {i + 1}/{self.spec.repeats}" if self.spec.repeats > 1 else "benchmarking"
+            )
+            if self.workload.client != "autotune":  # the engine's own benchmark client measures
+                self.runs.append(self._engine_client(launch, i))
+            elif self.workload.searches_capacity and self.workload.slos:  # a probe's peak load has none
+                self.runs.append(self._capacity(launch))
+            else:
+                self.runs.append(self._valid_run(launch, proc, i))
+            self._check_engine(proc)
 
     def _check_engine(self, proc: EngineProcess) -> None:
         if self.watchdog.fired:
@@ -434,6 +447,22 @@ def run_trial(
         result.engine_pids = list(t.proc.stopped_pids)
     _write_json(spec.trial_dir / "outcome.json", _outcome_record(result))
     return result
+
+
+def _sampled_facts(sampled: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The gauges sampled during the run, and the peaks they raise: a periodic log line (SGLang
+    logs every 40 decode steps) can miss the moment the pool was fullest."""
+    if not sampled:
+        return {}
+    out: dict[str, Any] = {"gauges": dict(sampled)}
+    for name in ("token_usage", "queue", "running"):
+        if name in sampled:
+            peak = sampled[name]["peak"]
+            logged = facts.get(f"{name}_peak")
+            out[f"{name}_peak"] = peak if logged is None else max(peak, logged)
+    if "token_usage" in sampled and "token_usage_mean" not in facts:
+        out["token_usage_mean"] = sampled["token_usage"]["mean"]
+    return out
 
 
 def _event_facts(events: list[LogEvent], facts: Mapping[str, Any]) -> dict[str, Any]:

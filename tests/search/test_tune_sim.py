@@ -17,6 +17,7 @@ import pytest
 
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
 from autotune.errors import ConfigError
+from autotune.search import trial as trial_module
 from autotune.search.storage import best_trial, load_study, superseded, validation
 from autotune.search.tune import TuneJob, run_study
 
@@ -127,8 +128,11 @@ def test_staged_run_finds_the_edge_under_load(tmp_path: Path) -> None:
     assert best.params.get("memory_fraction", state["edge"]) <= state["edge"] + 1e-9
 
 
-def test_sglang_0_5_15_study_reads_graph_sizes_from_the_begin_line_and_readies_on_health(tmp_path: Path) -> None:
+def test_sglang_0_5_15_study_reads_graph_sizes_from_the_begin_line_and_readies_on_health(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 0.5.15 serves no /ready and logs the decode graph sizes on the capture *begin* line.
+    monkeypatch.setattr(trial_module, "GAUGE_INTERVAL_S", 0.05)  # the simulated runs last < 1 s
     space = {
         "params": {
             "cuda_graph_max_bs": {"type": "categorical", "choices": [8, 16]},
@@ -144,7 +148,25 @@ def test_sglang_0_5_15_study_reads_graph_sizes_from_the_begin_line_and_readies_o
     graph_trials = [t for t in study.trials if t.user_attrs["stage"] == "cuda_graph"]
     assert [t.user_attrs["facts"]["cuda_graph_max_bs"] for t in graph_trials] == [8, 16]
     assert {t.user_attrs["facts"]["ready_route"] for t in study.trials if "facts" in t.user_attrs} == {"/health"}
-    assert all(0 <= t.user_attrs["facts"]["cuda_graph_false_share"] <= 1 for t in graph_trials)
+    assert all(0 < t.user_attrs["facts"]["cuda_graph_false_share"] <= 1 for t in graph_trials)  # 32 > 16
+    # KV usage and the queue were sampled from /metrics during the runs, not only logged.
+    sampled = [t.user_attrs["facts"].get("gauges", {}) for t in graph_trials]
+    assert all(g["token_usage"]["samples"] >= 2 and 0 < g["token_usage"]["peak"] <= 1 for g in sampled)
+
+
+def test_graph_stage_stops_once_every_decode_step_ran_in_a_graph(tmp_path: Path) -> None:
+    # At concurrency 4 a captured max of 8 already covers every decode batch (SGLang's pass counter).
+    space = {"params": {"cuda_graph_max_bs": {"type": "categorical", "choices": [8, 16, 32]}}}
+    workload = {**WORKLOAD, "arrival": {"concurrency": 4}, "num_prompts": 16}
+    job = _job(
+        tmp_path, space, engine=_engine("sglang"), workload=workload, method="staged", trials=2, finalists=1,
+        validation_runs=1,
+    )  # fmt: skip
+    run_study(job)
+    study = load_study("t", job.storage_url)
+    graph_trials = [t for t in study.trials if t.user_attrs["stage"] == "cuda_graph"]
+    assert [t.user_attrs["params"]["cuda_graph_max_bs"] for t in graph_trials] == [8]
+    assert graph_trials[0].user_attrs["facts"]["cuda_graph_false_share"] == 0
 
 
 def _sim_processes(results: Path) -> list[int]:
