@@ -2,7 +2,8 @@
 the documented outcome, leaves no process behind, and leaves the study consistent.
 
 Every row runs against both simulated dialects (vLLM and SGLang: ``python -m autotune.sim
-vllm|sglang``, the CLI's ``--engine sim`` / ``--engine sim-sglang``). Nothing here orders
+vllm|sglang``, the CLI's ``--engine sim`` / ``--engine sim-sglang``), SGLang as 0.5.23 and as
+0.5.15 (no ``/ready``, graph sizes on another line). Nothing here orders
 events with sleeps: a test waits for the state it needs (a line in the log, tokens in the
 engine's ``/metrics``), with a generous deadline that only bounds a broken run. The one wall-clock
 bound is a requirement itself: a fatal start-up line is classified, and the engine's process
@@ -41,8 +42,17 @@ from autotune.search.tune import TuneJob, run_study
 
 pytestmark = pytest.mark.slow
 
-DIALECTS = ["vllm", "sglang"]
+DIALECTS = ["vllm", "sglang", "sglang-0.5.15"]  # dialect[-release]
 CLI_ENGINE = {"vllm": "sim", "sglang": "sim-sglang"}
+
+
+def _kind(dialect: str) -> str:
+    return dialect.split("-")[0]
+
+
+def _release_env(dialect: str) -> dict[str, str]:
+    """The simulated SGLang release a ``sglang-X.Y.Z`` entry of DIALECTS asks for."""
+    return {"AUTOTUNE_SIM_SGLANG_VERSION": dialect.split("-", 1)[1]} if "-" in dialect else {}
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 WORKLOAD = {
     "name": "faults",
@@ -64,11 +74,11 @@ def _engine(
     return parse_model(
         EngineSettings,
         {
-            "kind": dialect,
+            "kind": _kind(dialect),
             "model": MODEL,
             "simulated": True,
-            "command": [sys.executable, "-m", "autotune.sim", dialect],
-            "env": env,
+            "command": [sys.executable, "-m", "autotune.sim", _kind(dialect)],
+            "env": {**env, **_release_env(dialect)},
             "startup_timeout_s": startup_timeout_s,
         },
         "test",
@@ -222,7 +232,7 @@ def test_crash_at_startup_is_a_crash_and_retried_once(tmp_path: Path, dialect: s
     wrapper = tmp_path / "engine.sh"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'case "$1" in --help*) exec {sys.executable} -m autotune.sim {dialect} "$@";; esac\n'
+        f'case "$1" in --help*) exec {sys.executable} -m autotune.sim {_kind(dialect)} "$@";; esac\n'
         "echo 'Fatal Python error: Segmentation fault' >&2; exit 139\n"
     )
     wrapper.chmod(0o755)
@@ -306,10 +316,11 @@ def _cli(tmp_path: Path, dialect: str, speedup: str) -> list[str]:
     space = tmp_path / "space.yaml"
     space.write_text("params:\n  max_running: {type: categorical, choices: [32, 64]}\n")
     return [
-        sys.executable, "-m", "autotune.cli", "tune", "--study", "c", "--engine", CLI_ENGINE[dialect],
+        sys.executable, "-m", "autotune.cli", "tune", "--study", "c", "--engine", CLI_ENGINE[_kind(dialect)],
         "--model", MODEL, "--method", "search", "--space", str(space), "--workload", str(wl),
         "--trials", "1", "--finalists", "0", "--results", str(tmp_path), "--sim-speedup", speedup,
         "--env", f"AUTOTUNE_TEST_MARK={tmp_path}",
+        *(a for k, v in _release_env(dialect).items() for a in ("--env", f"{k}={v}")),
     ]  # fmt: skip
 
 
