@@ -34,8 +34,8 @@ demo-sim: setup
 	$(AUTOTUNE) tune --study demo-sim --engine sim --trials 10 --finalists 2 --validation-runs 1 --seed 0
 
 lint: setup
-	$(VENV)/bin/ruff check autotune tests benchmarks
-	$(VENV)/bin/mypy autotune
+	$(VENV)/bin/ruff check autotune autotune_sim tests benchmarks
+	$(VENV)/bin/mypy autotune autotune_sim
 
 unit: setup
 	$(VENV)/bin/pytest -q -m "not real_engine"

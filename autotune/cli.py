@@ -49,8 +49,9 @@ from autotune.config import (
 from autotune.engines import ADAPTERS
 from autotune.engines.base import canonical_flag
 from autotune.errors import AutotuneError, ConfigError, EngineFailsRegardless, StudyError
-from autotune.report.export import FORMATS, LaunchRecord, render
+from autotune.report.export import FORMATS
 from autotune.report.html import write_report
+from autotune.report.launch import engine_config, export_trial, objective_metric, value_summary
 from autotune.report.live import LiveProgress
 from autotune.report.summary import explain, format_value, launch_counts, no_winner_text
 from autotune.report.table import parquet_ready, trials_frame
@@ -60,7 +61,6 @@ from autotune.search.storage import (
     default_storage_url,
     load_study,
     pareto_front,
-    primary_value,
     validation,
 )
 from autotune.search.tune import TuneJob, join_job, run_study, scaled_startup_timeout
@@ -422,7 +422,7 @@ def infer_engine(python: str | None, command: str | None) -> str:
 def _engine_choice(engine: str | None, python: str | None, command: str | None) -> tuple[str, list[str]]:
     """(engine, first lines to print): ``--engine``, else what ``--python``/``--command`` run,
     else the simulator when nothing real was named — said in the run's first line."""
-    if engine is not None and engine not in ("vllm", "sglang", "sim", "sim-vllm", "sim-sglang"):
+    if engine is not None and engine not in (*ADAPTERS, "sim", *(f"sim-{kind}" for kind in ADAPTERS)):
         raise ConfigError(f"--engine {engine!r} is not known; use vllm, sglang, sim (= sim-vllm) or sim-sglang")
     if engine is None:
         if python or command:
@@ -514,7 +514,7 @@ def _engine_settings(
     env_str = dict(env)
     if engine.startswith("sim"):
         dialect = engine.partition("-")[2] or "vllm"
-        if dialect not in ("vllm", "sglang"):
+        if dialect not in ADAPTERS:
             raise ConfigError(f"--engine {engine!r}: the simulator speaks sim-vllm or sim-sglang")
         env_str = {"AUTOTUNE_SIM_GPU": sim_gpu, "AUTOTUNE_SIM_SPEEDUP": str(sim_speedup), **env_str}
         return parse_model(
@@ -522,7 +522,7 @@ def _engine_settings(
             {
                 "kind": dialect,
                 "model": model or SIM_DEFAULT_MODEL,
-                "command": [sys.executable, "-m", "autotune.sim", dialect],
+                "command": [sys.executable, "-m", "autotune_sim", dialect],
                 "env": env_str,
                 "fixed_flags": fixed,
                 "startup_timeout_s": startup_timeout or 120.0,  # the sim starts in about a second
@@ -531,7 +531,7 @@ def _engine_settings(
             },
             "--engine sim",
         )
-    if engine not in ("vllm", "sglang"):
+    if engine not in ADAPTERS:
         raise ConfigError(f"--engine {engine!r} is not known; use vllm, sglang, sim (= sim-vllm) or sim-sglang")
     if not model:
         raise ConfigError("--model is required for a real engine (a local path or a model name)")
@@ -723,7 +723,7 @@ def _run_job(job: TuneJob, intro: list[str] | None = None) -> None:
         )
         raise typer.Exit(1)
     _print_best(finished, best)
-    script = _export_trial(finished, best, "bash", None, job.dir)
+    script = export_trial(finished, best, "bash", None, job.dir)
     console.print(f"launch script: {script}{_export_note(finished, best)}", highlight=False)
 
 
@@ -854,7 +854,7 @@ def worker(
         stored = join_job(study, storage, engine={}, study={}).engine
         if stored.simulated:
             sim_env = {"AUTOTUNE_SIM_GPU": sim_gpu, "AUTOTUNE_SIM_SPEEDUP": str(sim_speedup)}
-            engine = {"env": {**sim_env, **local_env}, "command": [sys.executable, "-m", "autotune.sim", stored.kind]}
+            engine = {"env": {**sim_env, **local_env}, "command": [sys.executable, "-m", "autotune_sim", stored.kind]}
         if python is not None:
             engine.update(python=python, command=None)
         if command is not None:
@@ -994,28 +994,10 @@ def _terminate_as_interrupt() -> None:
     interrupt.install()
 
 
-def _objective_metric(study: optuna.Study) -> str:
-    return str(study.user_attrs.get("config", {}).get("workload", {}).get("objective", {}).get("metric", "objective"))
-
-
-def value_summary(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> tuple[float | None, str]:
-    """(value, how it was measured): the validated median and its spread over the runs that
-    happened, or the one run, saying why validation did not add more."""
-    checked = validation(study).get(trial.number)
-    if checked is None:
-        finalists = (study.user_attrs.get("config") or {}).get("study", {}).get("finalists")
-        why = "validation is off (--finalists 0)" if finalists == 0 else "not validated"
-        return primary_value(trial), f"one run, {why}"
-    values = checked.get("values") or []
-    if len(values) < 2:
-        return checked.get("median"), "one run; the time budget ended before its validation re-runs"
-    return checked.get("median"), f"median of {len(values)} runs, spread {checked.get('spread', 0.0):.1%}"
-
-
 def _print_best(study: optuna.Study, best: optuna.trial.FrozenTrial) -> None:
     value, note = value_summary(study, best)
-    metric = _objective_metric(study)
-    sim = " (modelled by the simulator)" if _engine_config(study).get("simulated") else ""
+    metric = objective_metric(study)
+    sim = " (modelled by the simulator)" if engine_config(study).get("simulated") else ""
     shown = "–" if value is None else f"{value:,.1f}"
     console.print(
         f"best trial {best.number} ({best.user_attrs.get('stage')}): {metric} {shown} ({note}){sim}",
@@ -1256,65 +1238,6 @@ def _metric_cell(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def _engine_config(st: optuna.Study) -> dict[str, Any]:
-    return dict(st.user_attrs.get("config", {}).get("engine", {}))
-
-
-def _on_cpu(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-    """Whether the study ran a CPU build (vLLM-CPU): from the engine's facts, its environment or
-    its log (``CPU KV cache size``, ``device_config=cpu``)."""
-    facts = trial.user_attrs.get("facts") or {}
-    if facts.get("kv_device") == "cpu" or str(facts.get("engine_version", "")).endswith("+cpu"):
-        return True
-    if any(name.startswith("VLLM_CPU_") for name in trial.user_attrs.get("env") or {}):
-        return True
-    log_path = trial.user_attrs.get("log_path")
-    if log_path:
-        with contextlib.suppress(OSError):
-            text = Path(log_path).read_text(errors="replace")[:400_000]
-            return "CPU KV cache size" in text or "device_config=cpu" in text
-    return False
-
-
-def _export_trial(
-    study: optuna.Study, trial: optuna.trial.FrozenTrial, fmt: str, output: Path | None, folder: Path
-) -> Path:
-    """Write the trial's launch in ``fmt`` to ``output``, or into ``folder`` (the study's own
-    results folder: never a folder the stored trial paths point at, which may be another copy)."""
-    ua = trial.user_attrs
-    if not ua.get("argv"):
-        raise ConfigError(f"trial {trial.number} has no recorded launch (outcome {ua.get('outcome')}); pick another")
-    engine_cfg = _engine_config(study)
-    value, note = value_summary(study, trial)
-    summary = f"outcome {ua.get('outcome')}, {_objective_metric(study)} {value:,.2f}" if value is not None else ""
-    summary += f" ({note})" if note and summary else ""
-    rec = LaunchRecord(
-        study=study.study_name,
-        trial=trial.number,
-        argv=ua["argv"],
-        env=ua.get("env", {}),
-        flags=ua.get("flags", {}),
-        metrics=ua.get("metrics", {}),
-        summary=summary,
-        simulated=bool(engine_cfg.get("simulated")),
-        engine=str(engine_cfg.get("kind", "vllm")),
-        engine_version=(ua.get("facts") or {}).get("engine_version"),
-        engine_args=ua.get("engine_args"),
-        device="cpu" if _on_cpu(study, trial) else "gpu",
-        model=engine_cfg.get("model"),
-    )
-    suffix, text = render(rec, fmt)
-    path = output or folder / f"launch-trial{trial.number}{suffix}"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        if fmt in ("bash", "docker"):  # scripts: run as written
-            path.chmod(0o755)
-    except OSError as err:
-        raise ConfigError(f"cannot write {path}: {err.strerror or err}; check -o") from None
-    return path
-
-
 def _study_folder(name: str, storage: str | None, results: Path) -> Path:
     """Where a study's files go on this box: results/<study>/ (for a shared storage without one
     here, the current folder)."""
@@ -1356,7 +1279,7 @@ def export(
             if not found:
                 raise ConfigError(f"study {name!r} has no trial {trial}; see `autotune status {name}`")
             chosen = found[0]
-        path = _export_trial(st, chosen, fmt, output, folder)
+        path = export_trial(st, chosen, fmt, output, folder)
     except AutotuneError as err:
         raise _fail(err) from None
     console.print(str(path), highlight=False)

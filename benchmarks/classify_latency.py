@@ -63,7 +63,7 @@ def _sim(dialect: str) -> tuple[EngineAdapter, dict[str, Any]]:
     settings = EngineSettings(
         kind=dialect,
         model=SIM_MODEL,
-        command=[sys.executable, "-m", "autotune.sim", dialect],
+        command=[sys.executable, "-m", "autotune_sim", dialect],
         env={"AUTOTUNE_SIM_SPEEDUP": "100"},
         simulated=True,
     )

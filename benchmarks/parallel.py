@@ -75,7 +75,7 @@ def _engine(speedup: float, fixed: dict[str, Any] | None = None, gpu: str = "H10
         {
             "kind": "vllm",
             "model": "meta-llama/Llama-3.1-8B-Instruct",
-            "command": [sys.executable, "-m", "autotune.sim", "vllm"],
+            "command": [sys.executable, "-m", "autotune_sim", "vllm"],
             "env": env,
             "fixed_flags": fixed or {},
             "startup_timeout_s": 120,

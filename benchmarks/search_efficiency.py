@@ -3,7 +3,7 @@
 Run: ``python benchmarks/search_efficiency.py [--seeds 5] [--budget 40] [--cases NAME ...]``.
 
 Each trial is evaluated in-process with the simulator's own pieces (vLLM's flag resolution,
-``plan_vllm`` for start-up, ``autotune.sim.offline.simulate`` for serving, ``step_bytes`` against
+``plan_vllm`` for start-up, ``autotune_sim.offline.simulate`` for serving, ``step_bytes`` against
 the plan's run-time free memory for OOMs under load), so the whole discretised space can be
 evaluated and its true optimum is known. Methods compared, each with the same trial budget:
 
@@ -58,15 +58,15 @@ from autotune.search.stages import (
     snap_to_space,
 )
 from autotune.search.tune import make_sampler
-from autotune.sim.dialects.base import new_pool
-from autotune.sim.dialects.vllm_args import ConfigFailure, build_parser, preprocess, resolve
-from autotune.sim.memory import VllmMemory, footprint, plan_vllm, step_bytes
-from autotune.sim.offline import simulate
-from autotune.sim.perf import PerfModel, StepShape
-from autotune.sim.presets import GPUS
-from autotune.sim.scheduler import VllmScheduler
-from autotune.sim.settings import SimSettings
-from autotune.sim.stats import EngineStats
+from autotune_sim.dialects.base import new_pool
+from autotune_sim.dialects.vllm_args import ConfigFailure, build_parser, preprocess, resolve
+from autotune_sim.memory import VllmMemory, footprint, plan_vllm, step_bytes
+from autotune_sim.offline import simulate
+from autotune_sim.perf import PerfModel, StepShape
+from autotune_sim.presets import GPUS
+from autotune_sim.scheduler import VllmScheduler
+from autotune_sim.settings import SimSettings
+from autotune_sim.stats import EngineStats
 
 __all__ = ["CASES", "SPACE", "Case", "SimObjective", "exhaustive", "run_method", "trials_to"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from autotune.sim.calibration import run_checks
+from autotune_sim.calibration import run_checks
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ from autotune.runtime.procfs import environ_value, read_cmdline, terminate_group
 #: Every process the tests start inherits this variable, so leftovers can be told apart from
 #: engines that other sessions on the same machine run.
 SESSION_ENV = "AUTOTUNE_TEST_SESSION"
-ENGINE_MARKERS = ("VLLM::", "vllm.entrypoints", "autotune.sim")
+ENGINE_MARKERS = ("VLLM::", "vllm.entrypoints", "autotune_sim")
 
 # A background job of a non-interactive shell (`make test &`, nohup) starts with SIGINT ignored and
 # every process it starts inherits that; Python then installs no KeyboardInterrupt handler and the

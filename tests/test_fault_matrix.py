@@ -1,7 +1,7 @@
 """The fault matrix (docs/fault-matrix.md): each fault injected into the simulated engine ends in
 the documented outcome, leaves no process behind, and leaves the study consistent.
 
-Every row runs against both simulated dialects (vLLM and SGLang: ``python -m autotune.sim
+Every row runs against both simulated dialects (vLLM and SGLang: ``python -m autotune_sim
 vllm|sglang``, the CLI's ``--engine sim`` / ``--engine sim-sglang``), SGLang as 0.5.23 and as
 0.5.15 (no ``/ready``, graph sizes on another line). Nothing here orders
 events with sleeps: a test waits for the state it needs (a line in the log, tokens in the
@@ -77,7 +77,7 @@ def _engine(
             "kind": _kind(dialect),
             "model": MODEL,
             "simulated": True,
-            "command": [sys.executable, "-m", "autotune.sim", _kind(dialect)],
+            "command": [sys.executable, "-m", "autotune_sim", _kind(dialect)],
             "env": {**env, **_release_env(dialect)},
             "startup_timeout_s": startup_timeout_s,
         },
@@ -232,7 +232,7 @@ def test_crash_at_startup_is_a_crash_and_retried_once(tmp_path: Path, dialect: s
     wrapper = tmp_path / "engine.sh"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'case "$1" in --help*) exec {sys.executable} -m autotune.sim {_kind(dialect)} "$@";; esac\n'
+        f'case "$1" in --help*) exec {sys.executable} -m autotune_sim {_kind(dialect)} "$@";; esac\n'
         "echo 'Fatal Python error: Segmentation fault' >&2; exit 139\n"
     )
     wrapper.chmod(0o755)

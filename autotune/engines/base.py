@@ -35,15 +35,18 @@ from autotune.outcomes import Outcome
 
 __all__ = [
     "STARTUP_FATAL",
+    "ContainerImage",
     "EngineAdapter",
     "EventKind",
     "FlagSet",
     "LaunchSpec",
     "LogEvent",
+    "MemorySemantics",
     "canonical_flag",
     "parse_help_flags",
     "samples_named",
     "split_sample_key",
+    "version_tuple",
 ]
 
 
@@ -102,6 +105,40 @@ class LaunchSpec:
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class MemorySemantics:
+    """What the memory knob means on the installed engine, for the memory-edge stage.
+
+    Attributes:
+        start: The lowest value worth probing first (the stage starts at the space's low end or
+            here, whichever is higher).
+        ceiling: The highest meaningful value, or None for the space's own high end.
+        note: One line for the log: what the knob sizes on this version.
+    """
+
+    start: float
+    ceiling: float | None
+    note: str
+
+
+@dataclass(frozen=True)
+class ContainerImage:
+    """An engine's official image: ``repo:tag`` (``tag`` formats ``{version}``), serving on ``port``."""
+
+    repo: str
+    tag: str
+    port: int
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"0.34.1+cpu"`` → ``(0, 34, 1)``: the release, without a local suffix."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
 
 
 @dataclass(frozen=True)
@@ -230,6 +267,11 @@ class EngineAdapter(ABC):
     #: ``/metrics`` gauges sampled during a run: fact → gauge names (each sample takes the largest,
     #: so of several pools the tightest counts). Facts: ``token_usage`` (0–1), ``queue``, ``running``.
     sampled_gauges: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    #: the engine's official container image, and its CPU release where one exists
+    image: ClassVar[ContainerImage | None] = None
+    cpu_image: ClassVar[ContainerImage | None] = None
+    #: the command before the engine's args in that image (empty: the image's entry point serves)
+    container_command: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, settings: EngineSettings):
         self.settings = settings
@@ -249,6 +291,10 @@ class EngineAdapter(ABC):
         """Why the memory fraction sizes no KV cache with these (canonical) flags and the
         engine's environment, or None when it does. Engines with no such setting: None."""
         return None
+
+    def memory_semantics(self, version: str | None) -> MemorySemantics:
+        """What the ``memory_fraction`` knob sizes on this engine ``version`` (None: unknown)."""
+        return MemorySemantics(0.80, None, f"{self.name}: probing the memory fraction")
 
     def measurement_env(self) -> dict[str, str]:
         """Environment the tuner adds to its own trials because it changes nothing measured but

@@ -34,7 +34,16 @@ from typing import Any, ClassVar
 import httpx
 
 from autotune.config import EngineSettings
-from autotune.engines.base import EngineAdapter, EventKind, FlagSet, LaunchSpec, LogEvent, samples_named
+from autotune.engines.base import (
+    ContainerImage,
+    EngineAdapter,
+    EventKind,
+    FlagSet,
+    LaunchSpec,
+    LogEvent,
+    MemorySemantics,
+    samples_named,
+)
 from autotune.engines.rootcause import exception_event
 from autotune.errors import EngineError, InvalidFlags
 from autotune.outcomes import Outcome
@@ -526,6 +535,8 @@ class SglangAdapter(EngineAdapter):
     )
     #: Knobs whose SGLang flag means the opposite (SGLang has prefix caching on by default).
     inverted_knobs: ClassVar[frozenset[str]] = frozenset({"prefix_caching"})
+    image: ClassVar[ContainerImage | None] = ContainerImage("lmsysorg/sglang", "v{version}", 30000)
+    container_command: ClassVar[tuple[str, ...]] = ("python3", "-m", "sglang.launch_server")
     sampled_gauges: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         {
             "token_usage": (
@@ -545,6 +556,13 @@ class SglangAdapter(EngineAdapter):
     def __init__(self, settings: EngineSettings):
         super().__init__(settings)
         self._warned: set[str] = set()  # deprecated flags already warned about
+
+    def memory_semantics(self, version: str | None) -> MemorySemantics:
+        note = (
+            "SGLang's --mem-fraction-static is a share of the free memory measured before weights load "
+            "(weights + KV pool); graphs and activations live in the rest"
+        )
+        return MemorySemantics(0.80, None, note)
 
     # ------------------------------------------------------------------------- discovery
     def discover_flags(self, timeout_s: float = 120.0) -> FlagSet:

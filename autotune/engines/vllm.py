@@ -27,7 +27,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from autotune.engines.base import EngineAdapter, EventKind, LaunchSpec, LogEvent, samples_named
+from autotune.engines.base import (
+    ContainerImage,
+    EngineAdapter,
+    EventKind,
+    LaunchSpec,
+    LogEvent,
+    MemorySemantics,
+    samples_named,
+    version_tuple,
+)
 from autotune.engines.rootcause import exception_event
 from autotune.errors import InvalidFlags
 from autotune.outcomes import Outcome
@@ -328,6 +337,11 @@ class VllmAdapter(EngineAdapter):
     default_module: ClassVar[str] = "vllm.entrypoints.openai.api_server"
     help_args: ClassVar[tuple[str, ...]] = ("--help=all",)
     health_path: ClassVar[str] = "/health"
+    image: ClassVar[ContainerImage | None] = ContainerImage("vllm/vllm-openai", "v{version}", 8000)
+    # vLLM's CPU release image (x86_64; arm64 hosts: public.ecr.aws/q9t5s3a7/vllm-arm64-cpu-release-repo).
+    cpu_image: ClassVar[ContainerImage | None] = ContainerImage(
+        "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo", "v{version}", 8000
+    )
     # kv_cache_usage_perc replaced gpu_cache_usage_perc; whichever the release serves is read.
     sampled_gauges: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         {
@@ -404,6 +418,22 @@ class VllmAdapter(EngineAdapter):
         if "VLLM_HTTP_TIMEOUT_KEEP_ALIVE" in {**os.environ, **self.settings.env}:
             return {}
         return {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(MEASUREMENT_KEEP_ALIVE_S)}
+
+    def memory_semantics(self, version: str | None) -> MemorySemantics:
+        """0.34+ sizes an extensible KV cache after warm-up (utilization effectively 1.0, the
+        start-up free-memory check skipped); before, utilization × total memory is reserved up
+        front and the KV pool sized from a profile run."""
+        if version and version_tuple(version) >= (0, 34):
+            note = (
+                f"vLLM {version} sizes an extensible KV cache after warm-up with utilization effectively 1.0; "
+                "probing the utilization cap (the start-up free-memory check is skipped)"
+            )
+            return MemorySemantics(0.90, 1.0, note)
+        note = (
+            f"vLLM {version or '≤0.33'} reserves utilization × total memory up front and sizes KV from a "
+            "profile run; probing --gpu-memory-utilization"
+        )
+        return MemorySemantics(0.80, None, note)
 
     def pinned_kv_pool(self, flags: Mapping[str, Any]) -> str | None:
         """``--kv-cache-memory-bytes`` sets the pool in bytes; on the CPU build so does

@@ -26,6 +26,8 @@ from typing import Any
 import yaml
 
 from autotune import __version__
+from autotune.engines import ADAPTERS
+from autotune.engines.base import EngineAdapter
 from autotune.errors import ConfigError
 
 __all__ = ["FORMATS", "LaunchRecord", "render"]
@@ -178,25 +180,24 @@ def to_yaml(rec: LaunchRecord) -> str:
     return yaml.safe_dump(json.loads(to_json(rec)), sort_keys=False, width=1000)
 
 
-# The engines' official images run the engine CLI as their entrypoint (vllm: `vllm serve`).
-IMAGES = {"vllm": ("vllm/vllm-openai", "v{version}", 8000), "sglang": ("lmsysorg/sglang", "v{version}", 30000)}
-# vLLM's CPU release image (x86_64; arm64 hosts: public.ecr.aws/q9t5s3a7/vllm-arm64-cpu-release-repo).
-CPU_IMAGES = {"vllm": ("public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo", "v{version}", 8000)}
-SGLANG_ENTRY = ["python3", "-m", "sglang.launch_server"]
+def _adapter(rec: LaunchRecord) -> type[EngineAdapter]:
+    """The engine's adapter class: its official images and the command they run the engine with
+    (vLLM's image runs `vllm serve` as its entry point; SGLang's needs the launch module)."""
+    return ADAPTERS[rec.engine]
 
 
 def _image(rec: LaunchRecord) -> tuple[str, int, str | None]:
     """(image, port, warning): the engine's official image for the device the study ran on."""
-    images = CPU_IMAGES if rec.device == "cpu" else IMAGES
-    warning = None
-    if rec.engine not in images:  # SGLang publishes no CPU image
-        images = IMAGES
+    adapter, warning = _adapter(rec), None
+    found = adapter.cpu_image if rec.device == "cpu" else adapter.image
+    if found is None:  # SGLang publishes no CPU image
+        found = adapter.image
         warning = f"no official {rec.engine} image for CPU is known: this uses the GPU image; build a CPU one"
-    repo, tag, port = images[rec.engine]
+    assert found is not None, f"{rec.engine} has no container image"
     # A local version suffix (0.32.0+cpu) is no image tag.
     version = (rec.engine_version or "").split("+")[0]
-    image = f"{repo}:{tag.format(version=version)}" if version else f"{repo}:latest"
-    return image, port, warning
+    image = f"{found.repo}:{found.tag.format(version=version)}" if version else f"{found.repo}:latest"
+    return image, found.port, warning
 
 
 def _local_model(rec: LaunchRecord) -> str | None:
@@ -223,9 +224,7 @@ def _container(rec: LaunchRecord) -> tuple[str, list[str], int]:
             args[args.index(flag) + 1] = value
         else:
             args += [flag, value]
-    if rec.engine == "sglang":
-        args = SGLANG_ENTRY + args
-    return image, args, port
+    return image, [*_adapter(rec).container_command, *args], port
 
 
 def _gpu_count(rec: LaunchRecord) -> int:
@@ -306,8 +305,9 @@ def to_k8s(rec: LaunchRecord) -> str:
         "volumeMounts": mounts,
         "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 10, "failureThreshold": 60},
     }
-    if rec.engine == "sglang":
-        container["command"], container["args"] = args[:3], args[3:]
+    command = len(_adapter(rec).container_command)
+    if command:
+        container["command"], container["args"] = args[:command], args[command:]
     annotations = {"autotune/study": rec.study, "autotune/trial": str(rec.trial)}
     if rec.device == "cpu":
         annotations["autotune/device"] = f"cpu: tuned on a CPU build; {image} is vLLM's CPU release image, no GPU"

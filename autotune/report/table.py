@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import optuna
 import pandas as pd
 
-from autotune.search.storage import validation
+from autotune.search.storage import default_storage_url, load_study, validation
 
-__all__ = ["KEY_METRICS", "parquet_ready", "trials_frame"]
+__all__ = ["KEY_METRICS", "load_trials", "parquet_ready", "trials_frame"]
 
 KEY_METRICS = (
     "output_throughput",
@@ -105,3 +106,14 @@ def _missing(value: Any) -> bool:
 
 def _text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":")) if isinstance(value, (dict, list)) else str(value)
+
+
+def load_trials(study: str, results: Path | str = "results", storage: str | None = None) -> pd.DataFrame:
+    """A stored study's trials as a DataFrame (one row per trial), for a notebook.
+
+    Args:
+        study: The study's name.
+        results: The results folder ``autotune tune --results`` wrote (its SQLite file).
+        storage: An Optuna storage URL instead (e.g. a shared PostgreSQL study).
+    """
+    return trials_frame(load_study(study, storage or default_storage_url(Path(results), study)))

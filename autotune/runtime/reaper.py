@@ -28,7 +28,7 @@ __all__ = ["ENGINE_CMDLINE_MARKERS", "Leftover", "find_leftovers", "looks_like_e
 log = logging.getLogger(__name__)
 
 #: Substrings of the command lines of engine processes (vLLM renames its children VLLM::...).
-ENGINE_CMDLINE_MARKERS = ("VLLM::", "vllm.entrypoints", "vllm serve", "sglang.launch_server", "autotune.sim")
+ENGINE_CMDLINE_MARKERS = ("VLLM::", "vllm.entrypoints", "vllm serve", "sglang.launch_server", "autotune_sim")
 
 
 @dataclass(frozen=True)

@@ -132,24 +132,9 @@ def _memory_semantics(run: StudyRun) -> tuple[float, float, str]:
     """(safe start, upper bound, what the knob means for the installed engine)."""
     p = run.job.space.params[MEMORY]
     assert isinstance(p, FloatParam)
-    version = _engine_version(run)
-    if run.adapter.name == "sglang":
-        note = (
-            "SGLang's --mem-fraction-static is a share of the free memory measured before weights load "
-            "(weights + KV pool); graphs and activations live in the rest"
-        )
-        return max(p.low, 0.80), p.high, note
-    if version and _version_tuple(version) >= (0, 34):
-        note = (
-            f"vLLM {version} sizes an extensible KV cache after warm-up with utilization effectively 1.0; "
-            "probing the utilization cap (the start-up free-memory check is skipped)"
-        )
-        return max(p.low, 0.90), min(p.high, 1.0), note
-    note = (
-        f"vLLM {version or '≤0.33'} reserves utilization × total memory up front and sizes KV from a "
-        "profile run; probing --gpu-memory-utilization"
-    )
-    return max(p.low, 0.80), p.high, note
+    meaning = run.adapter.memory_semantics(_engine_version(run))
+    high = p.high if meaning.ceiling is None else min(p.high, meaning.ceiling)
+    return max(p.low, meaning.start), high, meaning.note
 
 
 def _engine_version(run: StudyRun) -> str | None:
@@ -158,14 +143,6 @@ def _engine_version(run: StudyRun) -> str | None:
         if v:
             return str(v)
     return None
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    parts = []
-    for piece in v.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
 
 
 def _on_cpu(run: StudyRun) -> bool:

@@ -35,7 +35,7 @@ SPEEDUP = 10.0
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     argv = [
-        sys.executable, "-m", "autotune.sim", "vllm", "--model", "llama-3.1-8b", "--port", str(port),
+        sys.executable, "-m", "autotune_sim", "vllm", "--model", "llama-3.1-8b", "--port", str(port),
         "--max-model-len", "24576", "--enable-prefix-caching",
     ]  # fmt: skip
     env = {"AUTOTUNE_SIM_SPEEDUP": str(SPEEDUP), "AUTOTUNE_SIM_GPU": "L4", "VLLM_SERVER_DEV_MODE": "1"}

@@ -24,7 +24,7 @@ from autotune.engines.base import EventKind, LogEvent
 from autotune.engines.sglang import FLAG_CHANGES, SglangAdapter
 from autotune.runtime.ports import free_port
 from autotune.runtime.process import EngineProcess
-from autotune.sim.dialects.sglang_args import RELEASES as SIM_RELEASES
+from autotune_sim.dialects.sglang_args import RELEASES as SIM_RELEASES
 
 ROOT = Path(__file__).parents[2]
 FIXTURES = Path(__file__).parent / "data" / "sglang-releases"

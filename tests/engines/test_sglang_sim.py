@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-import autotune.sim
+import autotune_sim
 from autotune.bench import prometheus
 from autotune.config import EngineSettings
 from autotune.engines.base import EventKind, LaunchSpec, LogEvent
@@ -32,10 +32,10 @@ from autotune.errors import InvalidFlags
 from autotune.outcomes import Outcome
 from autotune.runtime.ports import free_port
 
-SIM_MAIN = Path(autotune.sim.__file__).parent / "__main__.py"
+SIM_MAIN = Path(autotune_sim.__file__).parent / "__main__.py"
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not SIM_MAIN.exists(), reason="the simulator (autotune/sim/__main__.py) is not there yet"),
+    pytest.mark.skipif(not SIM_MAIN.exists(), reason="the simulator (autotune_sim/__main__.py) is not there yet"),
 ]
 
 OLD, NEW = "0.5.9", "0.5.23"
@@ -46,7 +46,7 @@ SIM_ENV = {"AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SPEEDUP": "200"}
 
 def sim_adapter(version: str, model: str = MODEL) -> SglangAdapter:
     env = {**SIM_ENV, "AUTOTUNE_SIM_SGLANG_VERSION": version}
-    command = [sys.executable, "-m", "autotune.sim", "sglang"]
+    command = [sys.executable, "-m", "autotune_sim", "sglang"]
     return SglangAdapter(EngineSettings(kind="sglang", model=model, command=command, env=env, simulated=True))
 
 

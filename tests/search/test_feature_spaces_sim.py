@@ -42,7 +42,7 @@ def _engine(dialect: str, model: str) -> EngineSettings:
         {
             "kind": dialect,
             "model": model,
-            "command": [sys.executable, "-m", "autotune.sim", dialect],
+            "command": [sys.executable, "-m", "autotune_sim", dialect],
             "env": SIM_ENV,
             "startup_timeout_s": 60,
             "simulated": True,

@@ -52,7 +52,7 @@ def _job(tmp_path: Path, space: dict[str, Any], **study: Any) -> TuneJob:
         {
             "kind": "vllm",
             "model": "meta-llama/Llama-3.1-8B-Instruct",
-            "command": [sys.executable, "-m", "autotune.sim", "vllm"],
+            "command": [sys.executable, "-m", "autotune_sim", "vllm"],
             "env": SIM_ENV,
             "startup_timeout_s": 60,
             "simulated": True,
@@ -128,7 +128,7 @@ def test_gpu_slots_follow_group_sizes_and_the_pool(tmp_path: Path, fake_gpus: An
 PAIRING_ENGINE = """
 import os, sqlite3, sys, time
 args = sys.argv[1:]
-sim = [sys.executable, "-m", "autotune.sim", "vllm", *args]
+sim = [sys.executable, "-m", "autotune_sim", "vllm", *args]
 db, stage, met = os.environ["PAIR_DB"], os.environ["PAIR_STAGE"], os.environ["PAIR_DIR"] + "/met"
 
 def running():

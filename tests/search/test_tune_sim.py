@@ -40,7 +40,7 @@ def _engine(dialect: str = "vllm", env: dict[str, str] | None = None) -> EngineS
         {
             "kind": dialect,
             "model": "meta-llama/Llama-3.1-8B-Instruct",
-            "command": [sys.executable, "-m", "autotune.sim", dialect],
+            "command": [sys.executable, "-m", "autotune_sim", dialect],
             "env": {**SIM_ENV, **(env or {})},
             "startup_timeout_s": 60,
             "simulated": True,
@@ -176,7 +176,7 @@ def _sim_processes(results: Path) -> list[int]:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "autotune.sim" in cmd and str(results) in (entry / "environ").read_bytes().decode(errors="replace"):
+        if "autotune_sim" in cmd and str(results) in (entry / "environ").read_bytes().decode(errors="replace"):
             out.append(int(entry.name))
     return out
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from autotune.sim.dialects.sglang_args import RELEASES
+from autotune_sim.dialects.sglang_args import RELEASES
 
 READY_TIMEOUT_S = 60.0
 FAST = {"AUTOTUNE_SIM_SPEEDUP": "500", "AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SEED": "0"}
@@ -82,11 +82,11 @@ class SimProcess:
 
 
 def start(dialect: str, *flags: str, env: dict[str, str] | None = None, port: int | None = None) -> SimProcess:
-    """Start ``python -m autotune.sim <dialect> <flags> --port P`` with fast modelled time."""
+    """Start ``python -m autotune_sim <dialect> <flags> --port P`` with fast modelled time."""
     if "--port" in flags:
         port = int(flags[flags.index("--port") + 1])
     port = port or free_port()
-    argv = [sys.executable, "-m", "autotune.sim", dialect, *flags]
+    argv = [sys.executable, "-m", "autotune_sim", dialect, *flags]
     if "--port" not in flags:
         argv += ["--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(

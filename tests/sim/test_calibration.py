@@ -1,11 +1,11 @@
-"""The calibration table (autotune/sim/calibration.py) holds: every modelled number is within the
+"""The calibration table (autotune_sim/calibration.py) holds: every modelled number is within the
 tolerance of the published fact it is compared with."""
 
 from __future__ import annotations
 
 import pytest
 
-from autotune.sim.calibration import run_checks
+from autotune_sim.calibration import run_checks
 
 CHECKS = run_checks()
 

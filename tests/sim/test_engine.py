@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from autotune.sim.engine import Engine, Fatal
-from autotune.sim.kvcache import BlockPool
-from autotune.sim.memory import GIB, footprint
-from autotune.sim.perf import PerfModel
-from autotune.sim.presets import GPUS, find_model
-from autotune.sim.scheduler import Batch, SimRequest, VllmScheduler
-from autotune.sim.settings import FaultPlan
-from autotune.sim.stats import EngineStats
+from autotune_sim.engine import Engine, Fatal
+from autotune_sim.kvcache import BlockPool
+from autotune_sim.memory import GIB, footprint
+from autotune_sim.perf import PerfModel
+from autotune_sim.presets import GPUS, find_model
+from autotune_sim.scheduler import Batch, SimRequest, VllmScheduler
+from autotune_sim.settings import FaultPlan
+from autotune_sim.stats import EngineStats
 
 LLAMA = find_model("llama-3.1-8b")
 assert LLAMA is not None

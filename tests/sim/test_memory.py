@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.sim.dialects.base import capture_sizes
-from autotune.sim.dialects.sglang_args import DECODE_STEPS, PREFILL_STEPS, auto_fraction, gpu_defaults
-from autotune.sim.memory import (
+from autotune_sim.dialects.base import capture_sizes
+from autotune_sim.dialects.sglang_args import DECODE_STEPS, PREFILL_STEPS, auto_fraction, gpu_defaults
+from autotune_sim.memory import (
     GIB,
     SglangMemory,
     VllmMemory,
@@ -15,7 +15,7 @@ from autotune.sim.memory import (
     plan_vllm,
     step_bytes,
 )
-from autotune.sim.presets import GPUS, find_model
+from autotune_sim.presets import GPUS, find_model
 
 LLAMA = find_model("meta-llama/Llama-3.1-8B-Instruct")
 QWEN72 = find_model("qwen2.5-72b")
@@ -58,7 +58,7 @@ def test_tensor_parallelism_divides_weights_and_kv() -> None:
 def test_vllm_default_llama_on_h100_matches_the_published_kv_size() -> None:
     plan = vllm_plan(0.9)
     assert plan.failure is None
-    # vLLM reported 442,160 tokens for this setup (see autotune/sim/calibration.py).
+    # vLLM reported 442,160 tokens for this setup (see autotune_sim/calibration.py).
     assert plan.kv_tokens == pytest.approx(442_160, rel=0.10)
 
 

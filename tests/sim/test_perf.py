@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.sim.memory import footprint
-from autotune.sim.perf import GraphMode, PerfModel, StepShape
-from autotune.sim.presets import GPUS, find_model
+from autotune_sim.memory import footprint
+from autotune_sim.perf import GraphMode, PerfModel, StepShape
+from autotune_sim.presets import GPUS, find_model
 
 
 def perf(model: str = "llama-3.1-8b", gpu: str = "H100-80GB", tp: int = 1) -> PerfModel:

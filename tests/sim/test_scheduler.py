@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from autotune.sim.kvcache import BlockPool
-from autotune.sim.memory import footprint
-from autotune.sim.offline import simulate
-from autotune.sim.perf import GraphMode, PerfModel
-from autotune.sim.presets import GPUS, find_model
-from autotune.sim.scheduler import SglangScheduler, SimRequest, VllmScheduler
-from autotune.sim.stats import EngineStats
+from autotune_sim.kvcache import BlockPool
+from autotune_sim.memory import footprint
+from autotune_sim.offline import simulate
+from autotune_sim.perf import GraphMode, PerfModel
+from autotune_sim.presets import GPUS, find_model
+from autotune_sim.scheduler import SglangScheduler, SimRequest, VllmScheduler
+from autotune_sim.stats import EngineStats
 
 LLAMA = find_model("llama-3.1-8b")
 assert LLAMA is not None

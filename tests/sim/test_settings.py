@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.sim.settings import FaultPlan, SettingsError, load_settings
+from autotune_sim.settings import FaultPlan, SettingsError, load_settings
 
 
 def test_defaults() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.sim.tokenizer import Tokenizer
+from autotune_sim.tokenizer import Tokenizer
 
 TEXT = "The quick brown fox jumps over 1234567 lazy dogs; naïve café!\nsecond line"
 

@@ -29,7 +29,7 @@ ENV = {"AUTOTUNE_SIM_SPEEDUP": "500", "AUTOTUNE_SIM_GPU": "H100-80GB"}
 
 
 def adapter(**env: str) -> VllmAdapter:
-    command = [sys.executable, "-m", "autotune.sim", "vllm"]
+    command = [sys.executable, "-m", "autotune_sim", "vllm"]
     return VllmAdapter(EngineSettings(kind="vllm", model=MODEL, command=command, env={**ENV, **env}, simulated=True))
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.sim.dialects.vllm_args import ConfigFailure, build_parser, preprocess, resolve
-from autotune.sim.settings import load_settings
+from autotune_sim.dialects.vllm_args import ConfigFailure, build_parser, preprocess, resolve
+from autotune_sim.settings import load_settings
 
 
 def parse(*argv: str, version: str = "0.32.0"):

@@ -1,6 +1,6 @@
 """The OpenAI-compatible API both dialects serve: completions, chat, tokenize, models.
 
-Requests become :class:`~autotune.sim.scheduler.SimRequest` s; their tokens come back through an
+Requests become :class:`~autotune_sim.scheduler.SimRequest` s; their tokens come back through an
 :class:`Exchange` (the engine's sink), which writes SSE chunks straight to the connection: one
 chunk per ``--stream-interval`` tokens, the chat role delta first, the finish reason on the last
 token's chunk, then an optional usage chunk and ``data: [DONE]``. Chunk bytes are assembled
@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.sim.engine import Engine, Fatal
-from autotune.sim.http import Request, Responder
-from autotune.sim.scheduler import SimRequest
-from autotune.sim.tokenizer import Tokenizer
+from autotune_sim.engine import Engine, Fatal
+from autotune_sim.http import Request, Responder
+from autotune_sim.scheduler import SimRequest
+from autotune_sim.tokenizer import Tokenizer
 
 __all__ = ["ApiError", "Exchange", "OpenAIServer", "ServingConfig", "natural_length"]
 

@@ -24,14 +24,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import TextIO
 
-from autotune.sim.engine import Engine, EngineObserver
-from autotune.sim.http import Handler, Request, Responder, serve
-from autotune.sim.kvcache import BlockPool
-from autotune.sim.memory import Footprint
-from autotune.sim.perf import PerfModel
-from autotune.sim.scheduler import Scheduler
-from autotune.sim.settings import SimSettings
-from autotune.sim.stats import EngineStats
+from autotune_sim.engine import Engine, EngineObserver
+from autotune_sim.http import Handler, Request, Responder, serve
+from autotune_sim.kvcache import BlockPool
+from autotune_sim.memory import Footprint
+from autotune_sim.perf import PerfModel
+from autotune_sim.scheduler import Scheduler
+from autotune_sim.settings import SimSettings
+from autotune_sim.stats import EngineStats
 
 __all__ = ["Dialect", "LogWriter", "Router", "Runtime", "expand_config", "human_readable_int", "modelled_banner"]
 

@@ -1,6 +1,6 @@
 """The simulated GPU engine: a real HTTP server process that stands in for vLLM or SGLang.
 
-``python -m autotune.sim vllm --model <preset> [vLLM flags]`` and ``python -m autotune.sim sglang
+``python -m autotune_sim vllm --model <preset> [vLLM flags]`` and ``python -m autotune_sim sglang
 --model-path <preset> [SGLang flags]`` accept the real engine's flags, print its log lines and
 serve its endpoints and metrics, backed by a performance model of a GPU (``memory.py`` for what
 fits, ``perf.py`` for how long a step takes, ``scheduler.py`` for continuous batching, paged KV

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.sim.presets import GPUS, GpuPreset, find_gpu
+from autotune_sim.presets import GPUS, GpuPreset, find_gpu
 
 __all__ = ["FaultPlan", "SettingsError", "SimSettings", "load_settings", "this_host_gib"]
 

@@ -33,15 +33,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.sim.dialects.base import capture_sizes
-from autotune.sim.dialects.sglang_args import PREFILL_STEPS, auto_fraction, gpu_defaults
-from autotune.sim.kvcache import BlockPool
-from autotune.sim.memory import GIB, VllmMemory, footprint, plan_vllm, step_bytes
-from autotune.sim.offline import simulate
-from autotune.sim.perf import GraphMode, PerfModel
-from autotune.sim.presets import GPUS, ModelPreset, find_model
-from autotune.sim.scheduler import VllmScheduler
-from autotune.sim.stats import EngineStats
+from autotune_sim.dialects.base import capture_sizes
+from autotune_sim.dialects.sglang_args import PREFILL_STEPS, auto_fraction, gpu_defaults
+from autotune_sim.kvcache import BlockPool
+from autotune_sim.memory import GIB, VllmMemory, footprint, plan_vllm, step_bytes
+from autotune_sim.offline import simulate
+from autotune_sim.perf import GraphMode, PerfModel
+from autotune_sim.presets import GPUS, ModelPreset, find_model
+from autotune_sim.scheduler import VllmScheduler
+from autotune_sim.stats import EngineStats
 
 __all__ = ["Check", "run_checks"]
 

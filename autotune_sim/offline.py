@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.sim.perf import PerfModel
-from autotune.sim.scheduler import Scheduler, SimRequest
+from autotune_sim.perf import PerfModel
+from autotune_sim.scheduler import Scheduler, SimRequest
 
 __all__ = ["OfflineResult", "simulate"]
 

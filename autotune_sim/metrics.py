@@ -2,14 +2,14 @@
 
 Counters get ``_total`` and ``_created`` samples, histograms cumulative ``_bucket`` samples with
 an ``le`` label plus ``_count``, ``_sum`` and ``_created``. No registry: the dialects render
-their metric families from :class:`~autotune.sim.stats.EngineStats` on every scrape.
+their metric families from :class:`~autotune_sim.stats.EngineStats` on every scrape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from autotune.sim.stats import Histogram
+from autotune_sim.stats import Histogram
 
 __all__ = ["CONTENT_TYPE", "Exposition", "go_float"]
 

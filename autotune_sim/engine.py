@@ -20,11 +20,11 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from autotune.sim.memory import Footprint, step_bytes
-from autotune.sim.perf import GraphMode, PerfModel
-from autotune.sim.scheduler import Batch, Scheduler, SimRequest
-from autotune.sim.settings import FaultPlan
-from autotune.sim.stats import EngineStats
+from autotune_sim.memory import Footprint, step_bytes
+from autotune_sim.perf import GraphMode, PerfModel
+from autotune_sim.scheduler import Batch, Scheduler, SimRequest
+from autotune_sim.settings import FaultPlan
+from autotune_sim.stats import EngineStats
 
 __all__ = ["Engine", "EngineObserver", "Fatal", "TokenSink"]
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from autotune.sim.memory import Footprint
-from autotune.sim.presets import GpuPreset, ModelPreset
+from autotune_sim.memory import Footprint
+from autotune_sim.presets import GpuPreset, ModelPreset
 
 __all__ = ["GraphMode", "PerfModel", "StepShape"]
 

@@ -34,9 +34,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.sim.kvcache import ANON, BlockPool
-from autotune.sim.perf import GraphMode, StepShape
-from autotune.sim.stats import EngineStats
+from autotune_sim.kvcache import ANON, BlockPool
+from autotune_sim.perf import GraphMode, StepShape
+from autotune_sim.stats import EngineStats
 
 __all__ = ["Batch", "Retraction", "SglangScheduler", "SimRequest", "VllmScheduler"]
 

@@ -1,4 +1,4 @@
-"""The SGLang dialect: ``python -m autotune.sim sglang --model-path M [SGLang flags]``.
+"""The SGLang dialect: ``python -m autotune_sim sglang --model-path M [SGLang flags]``.
 
 It behaves as ``python -m sglang.launch_server`` does (facts in ``reference/sglang.md``):
 
@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any
 
-from autotune.sim.dialects.base import (
+from autotune_sim.dialects.base import (
     Dialect,
     Router,
     expand_config,
@@ -36,17 +36,17 @@ from autotune.sim.dialects.base import (
     torch_oom,
     ts_sglang,
 )
-from autotune.sim.dialects.sglang_args import SUPPORTED_VERSIONS, StartupError, build_parser, resolve
-from autotune.sim.engine import Engine, Fatal
-from autotune.sim.http import Request, Responder
-from autotune.sim.memory import CUDA_CONTEXT_GIB, GIB, SglangMemory, SglangMemoryPlan, footprint, plan_sglang
-from autotune.sim.metrics import CONTENT_TYPE, Exposition
-from autotune.sim.openai import EngineGroup, OpenAIServer, ServingConfig
-from autotune.sim.perf import GraphMode, PerfModel
-from autotune.sim.presets import MODELS, find_model
-from autotune.sim.scheduler import Batch, SglangScheduler, SimRequest
-from autotune.sim.stats import EngineStats
-from autotune.sim.tokenizer import Tokenizer
+from autotune_sim.dialects.sglang_args import SUPPORTED_VERSIONS, StartupError, build_parser, resolve
+from autotune_sim.engine import Engine, Fatal
+from autotune_sim.http import Request, Responder
+from autotune_sim.memory import CUDA_CONTEXT_GIB, GIB, SglangMemory, SglangMemoryPlan, footprint, plan_sglang
+from autotune_sim.metrics import CONTENT_TYPE, Exposition
+from autotune_sim.openai import EngineGroup, OpenAIServer, ServingConfig
+from autotune_sim.perf import GraphMode, PerfModel
+from autotune_sim.presets import MODELS, find_model
+from autotune_sim.scheduler import Batch, SglangScheduler, SimRequest
+from autotune_sim.stats import EngineStats
+from autotune_sim.tokenizer import Tokenizer
 
 __all__ = ["SglangDialect"]
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.sim.dialects.base import capture_sizes, expand_config, human_readable_int
-from autotune.sim.presets import MODELS, ModelPreset, find_model
-from autotune.sim.settings import SimSettings
+from autotune_sim.dialects.base import capture_sizes, expand_config, human_readable_int
+from autotune_sim.presets import MODELS, ModelPreset, find_model
+from autotune_sim.settings import SimSettings
 
 __all__ = ["SUPPORTED_VERSIONS", "ConfigFailure", "VllmConfig", "build_parser", "preprocess", "resolve"]
 

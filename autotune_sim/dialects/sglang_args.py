@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.sim.dialects.base import capture_sizes, human_readable_int
-from autotune.sim.presets import GpuPreset, ModelPreset
+from autotune_sim.dialects.base import capture_sizes, human_readable_int
+from autotune_sim.presets import GpuPreset, ModelPreset
 
 __all__ = ["RELEASES", "SUPPORTED_VERSIONS", "Release", "SglangConfig", "build_parser", "resolve"]
 

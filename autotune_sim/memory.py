@@ -53,7 +53,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autotune.sim.presets import GpuPreset, ModelPreset
+from autotune_sim.presets import GpuPreset, ModelPreset
 
 __all__ = [
     "CUDA_CONTEXT_GIB",

@@ -1,4 +1,4 @@
-"""The vLLM dialect: ``python -m autotune.sim vllm --model M [vLLM flags]``.
+"""The vLLM dialect: ``python -m autotune_sim vllm --model M [vLLM flags]``.
 
 It behaves as ``vllm serve`` / ``python -m vllm.entrypoints.openai.api_server`` does (facts in
 ``reference/vllm.md``):
@@ -24,7 +24,7 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from autotune.sim.dialects.base import (
+from autotune_sim.dialects.base import (
     Dialect,
     Router,
     fmt_commas,
@@ -34,16 +34,16 @@ from autotune.sim.dialects.base import (
     torch_oom,
     ts_vllm,
 )
-from autotune.sim.dialects.vllm_args import (
+from autotune_sim.dialects.vllm_args import (
     SUPPORTED_VERSIONS,
     ConfigFailure,
     build_parser,
     preprocess,
     resolve,
 )
-from autotune.sim.engine import Engine, Fatal
-from autotune.sim.http import Request, Responder
-from autotune.sim.memory import (
+from autotune_sim.engine import Engine, Fatal
+from autotune_sim.http import Request, Responder
+from autotune_sim.memory import (
     FRAGMENTATION,
     GIB,
     VllmMemory,
@@ -52,13 +52,13 @@ from autotune.sim.memory import (
     plan_vllm,
     plan_vllm_cpu,
 )
-from autotune.sim.metrics import CONTENT_TYPE, Exposition
-from autotune.sim.openai import EngineGroup, OpenAIServer, ServingConfig
-from autotune.sim.perf import PerfModel
-from autotune.sim.scheduler import Batch, VllmScheduler
-from autotune.sim.settings import this_host_gib
-from autotune.sim.stats import EngineStats
-from autotune.sim.tokenizer import Tokenizer
+from autotune_sim.metrics import CONTENT_TYPE, Exposition
+from autotune_sim.openai import EngineGroup, OpenAIServer, ServingConfig
+from autotune_sim.perf import PerfModel
+from autotune_sim.scheduler import Batch, VllmScheduler
+from autotune_sim.settings import this_host_gib
+from autotune_sim.stats import EngineStats
+from autotune_sim.tokenizer import Tokenizer
 
 __all__ = ["VllmDialect"]
 

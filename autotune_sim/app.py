@@ -1,4 +1,4 @@
-"""Entry point: ``python -m autotune.sim vllm|sglang [the engine's own flags]``.
+"""Entry point: ``python -m autotune_sim vllm|sglang [the engine's own flags]``.
 
 The first argument picks the dialect; everything after it is the real engine's argv. Simulator
 settings come only from ``AUTOTUNE_SIM_*`` environment variables (see ``settings.py``), so a
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sys
 
-from autotune.sim.settings import SettingsError, load_settings
+from autotune_sim.settings import SettingsError, load_settings
 
 __all__ = ["main"]
 
-USAGE = "usage: python -m autotune.sim {vllm,sglang} [engine flags ...]"
+USAGE = "usage: python -m autotune_sim {vllm,sglang} [engine flags ...]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune simulator: {err}", file=sys.stderr)
         return 2
     if args[0] == "vllm":
-        from autotune.sim.dialects.vllm import VllmDialect
+        from autotune_sim.dialects.vllm import VllmDialect
 
         return VllmDialect(settings).main(args[1:])
-    from autotune.sim.dialects.sglang import SglangDialect
+    from autotune_sim.dialects.sglang import SglangDialect
 
     return SglangDialect(settings).main(args[1:])

