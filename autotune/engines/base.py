@@ -43,6 +43,9 @@ __all__ = [
     "LogEvent",
     "MemorySemantics",
     "canonical_flag",
+    "counter_delta",
+    "metric_max",
+    "metric_sum",
     "parse_help_flags",
     "samples_named",
     "split_sample_key",
@@ -251,6 +254,28 @@ def samples_named(samples: Mapping[str, float], name: str) -> list[tuple[dict[st
         if sample_name == name:
             out.append((labels, value))
     return out
+
+
+def metric_sum(samples: Mapping[str, float], name: str) -> float | None:
+    """A metric summed over all its label sets (TP/DP ranks, engines); None when absent."""
+    values = [value for _, value in samples_named(samples, name)]
+    return sum(values) if values else None
+
+
+def metric_max(samples: Mapping[str, float], name: str) -> float | None:
+    """A metric's largest value over its label sets; None when absent."""
+    values = [value for _, value in samples_named(samples, name)]
+    return max(values) if values else None
+
+
+def counter_delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> float | None:
+    """How much a counter (summed over label sets) grew between two reads; None when absent."""
+    end = metric_sum(after, name)
+    if end is None:
+        return None
+    start = metric_sum(before, name) or 0.0
+    # A smaller value means the counter restarted (a new engine): count from zero.
+    return end if end < start else end - start
 
 
 class EngineAdapter(ABC):

@@ -42,6 +42,8 @@ from autotune.engines.base import (
     LaunchSpec,
     LogEvent,
     MemorySemantics,
+    counter_delta,
+    metric_max,
     samples_named,
 )
 from autotune.engines.rootcause import exception_event
@@ -445,26 +447,6 @@ def _startup_event(line: str) -> LogEvent | None:
 
 
 # ---------------------------------------------------------------------------------- metrics
-def _metric_sum(samples: Mapping[str, float], name: str) -> float | None:
-    """Sum a metric over all its label sets (TP ranks, DP ranks ...); None when absent."""
-    values = [v for _, v in samples_named(samples, name)]
-    return sum(values) if values else None
-
-
-def _metric_max(samples: Mapping[str, float], name: str) -> float | None:
-    values = [v for _, v in samples_named(samples, name)]
-    return max(values) if values else None
-
-
-def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> float | None:
-    end = _metric_sum(after, name)
-    if end is None:
-        return None
-    start = _metric_sum(before, name) or 0.0
-    # A smaller value means the counter restarted (a new engine): count from zero.
-    return end if end < start else end - start
-
-
 # ----------------------------------------------------------------------------- server info
 def resolved_knobs(info: Mapping[str, Any]) -> dict[str, Any]:
     """Portable knobs as the engine resolved them (``/server_info``), auto values included.
@@ -774,7 +756,7 @@ class SglangAdapter(EngineAdapter):
         facts.update(_retraction_facts(events, before, after))
         facts.update(_counter_facts(before, after))
         if "kv_tokens" not in facts:
-            kv = _metric_max(after, "sglang:max_total_num_tokens")
+            kv = metric_max(after, "sglang:max_total_num_tokens")
             if kv is not None:
                 facts["kv_tokens"] = int(kv)
         if self._flagset is not None and self._flagset.version:
@@ -843,7 +825,7 @@ def _retraction_facts(
 ) -> dict[str, Any]:
     """Retractions are SGLang's preemptions: the counter delta when metrics exist, else the log."""
     warnings = [e for e in events if e.kind == EventKind.PREEMPTION]
-    counted = _delta(before, after, "sglang:num_retracted_requests_total")
+    counted = counter_delta(before, after, "sglang:num_retracted_requests_total")
     from_log = sum(e.data.get("retracted") or 1 for e in warnings)
     retractions = int(counted) if counted is not None else from_log
     return {"retractions": retractions, "preemptions": retractions, "retraction_warnings": len(warnings)}
@@ -874,14 +856,14 @@ def _counter_facts(before: Mapping[str, float], after: Mapping[str, float]) -> d
         ("aborted_requests", "sglang:num_aborted_requests_total"),
         ("retracted_input_tokens", "sglang:num_retracted_input_tokens_total"),
     ):
-        delta = _delta(before, after, name)
+        delta = counter_delta(before, after, name)
         if delta is not None:
             facts[fact] = int(delta)
     if facts.get("prompt_tokens") and "cached_tokens" in facts:
         facts["cache_hit_rate"] = round(facts["cached_tokens"] / facts["prompt_tokens"], 4)
     else:
         # SGLang's own gauge (a recent-window rate) when the token counters are missing.
-        gauge = _metric_max(after, "sglang:cache_hit_rate")
+        gauge = metric_max(after, "sglang:cache_hit_rate")
         if gauge is not None:
             facts["cache_hit_rate"] = gauge
     return facts

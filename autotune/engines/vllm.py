@@ -34,6 +34,7 @@ from autotune.engines.base import (
     LaunchSpec,
     LogEvent,
     MemorySemantics,
+    counter_delta,
     samples_named,
     version_tuple,
 )
@@ -249,21 +250,6 @@ _PARSERS: tuple[Callable[[str], LogEvent | None], ...] = (
 
 
 # ------------------------------------------------------------------------------------------ metrics
-def _metric_sum(samples: Mapping[str, float], name: str) -> float | None:
-    """Sum over every label set (one per engine with data parallelism); None when absent."""
-    values = [value for _, value in samples_named(samples, name)]
-    return sum(values) if values else None
-
-
-def _counter_delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> float | None:
-    end = _metric_sum(after, name)
-    if end is None:
-        return None
-    start = _metric_sum(before, name) or 0.0
-    # A smaller value means the counter restarted (a new engine): count from zero.
-    return end if end < start else end - start
-
-
 def _cache_config_facts(samples: Mapping[str, float]) -> dict[str, Any]:
     """Block count, block size and KV tokens from the labels of ``vllm:cache_config_info``."""
     found = samples_named(samples, "vllm:cache_config_info")
@@ -281,11 +267,11 @@ def _cache_config_facts(samples: Mapping[str, float]) -> dict[str, Any]:
 
 def _metric_facts(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
     facts: dict[str, Any] = _cache_config_facts(after) or _cache_config_facts(before)
-    preemptions = _counter_delta(before, after, "vllm:num_preemptions_total")
+    preemptions = counter_delta(before, after, "vllm:num_preemptions_total")
     if preemptions is not None:
         facts["preemptions"] = int(preemptions)
-    hits = _counter_delta(before, after, "vllm:prefix_cache_hits_total")
-    queries = _counter_delta(before, after, "vllm:prefix_cache_queries_total")
+    hits = counter_delta(before, after, "vllm:prefix_cache_hits_total")
+    queries = counter_delta(before, after, "vllm:prefix_cache_queries_total")
     if hits is not None and queries is not None:
         facts["prefix_cache_hits"], facts["prefix_cache_queries"] = int(hits), int(queries)
         if queries > 0:
@@ -294,7 +280,7 @@ def _metric_facts(before: Mapping[str, float], after: Mapping[str, float]) -> di
         ("prompt_tokens", "vllm:prompt_tokens_total"),
         ("generation_tokens", "vllm:generation_tokens_total"),
     ):
-        delta = _counter_delta(before, after, name)
+        delta = counter_delta(before, after, name)
         if delta is not None:
             facts[fact] = int(delta)
     return facts
