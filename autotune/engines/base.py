@@ -321,6 +321,11 @@ class EngineAdapter(ABC):
         """What the ``memory_fraction`` knob sizes on this engine ``version`` (None: unknown)."""
         return MemorySemantics(0.80, None, f"{self.name}: probing the memory fraction")
 
+    def served_facts(self, base_url: str) -> dict[str, Any]:
+        """Facts the running engine reports about itself over HTTP (its version, where its log
+        has no version line), read once while it serves; the log's facts win where both say."""
+        return {}
+
     def measurement_env(self) -> dict[str, str]:
         """Environment the tuner adds to its own trials because it changes nothing measured but
         keeps the measurement sound (recorded with each trial, left out of exports)."""

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import ast
 import logging
-import os
 import re
 import statistics
-import subprocess
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -546,32 +544,21 @@ class SglangAdapter(EngineAdapter):
         )
         return MemorySemantics(0.80, None, note)
 
-    # ------------------------------------------------------------------------- discovery
-    def discover_flags(self, timeout_s: float = 120.0) -> FlagSet:
-        """The installed version's flags from its --help (cached), with its version when known."""
-        cached = self._flagset
-        flagset = super().discover_flags(timeout_s)
-        if cached is None and flagset.version is None:
-            self._flagset = flagset = replace(flagset, version=self._installed_version())
-        return flagset
-
-    def _installed_version(self) -> str | None:
-        """SGLang's package version from its own Python, without importing it (metadata only).
-
-        Only possible when the engine runs as ``<python> -m ...``; a custom command hides it.
-        """
-        if self.settings.command:
-            return None
-        code = "import importlib.metadata as m; print(m.version('sglang'))"
-        argv = [self.settings.python or "python3", "-c", code]
+    def served_facts(self, base_url: str) -> dict[str, Any]:
+        """SGLang prints no version line: its version and resolved arguments come from
+        ``/server_info`` (every release serves it, or ``/get_server_info``)."""
         try:
-            proc = subprocess.run(
-                argv, capture_output=True, text=True, timeout=30, env={**os.environ, **self.settings.env}
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        version = proc.stdout.strip()
-        return version if proc.returncode == 0 and version else None
+            info = self.resolved_args(base_url)
+        except EngineError as err:
+            log.warning("%s", err)
+            return {}
+        facts: dict[str, Any] = {}
+        if info.get("version"):
+            facts["engine_version"] = str(info["version"])
+        knobs = {k: v for k, v in resolved_knobs(info).items() if v is not None and k != "engine_version"}
+        if knobs:
+            facts["resolved_knobs"] = knobs
+        return facts
 
     # ----------------------------------------------------------------------------- flags
     def to_flags(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -742,7 +729,7 @@ class SglangAdapter(EngineAdapter):
         ``token_usage_mean``, ``cuda_graph_false_share``, ``queue_peak``, ``running_peak``,
         ``gen_throughput_mean``, ``decode_logs``, ``cache_hit_rate``, ``prompt_tokens``,
         ``generation_tokens``, ``cached_tokens``, ``aborted_requests``, ``kv_below_context``,
-        ``resolved_knobs`` (what SGLang's auto defaults resolved to), ``engine_version``,
+        ``resolved_knobs`` (what SGLang's auto defaults resolved to; the version: :meth:`served_facts`),
         ``reduced_flags`` (``{flag: {"requested", "used"}}``: a value SGLang lowered at start-up),
         ``retracted_input_tokens`` (prompt tokens recomputed after retractions), ``decode_passes``
         (with ``cuda_graph_false_share`` then exact, from the per-mode pass counter).
@@ -759,8 +746,6 @@ class SglangAdapter(EngineAdapter):
             kv = metric_max(after, "sglang:max_total_num_tokens")
             if kv is not None:
                 facts["kv_tokens"] = int(kv)
-        if self._flagset is not None and self._flagset.version:
-            facts["engine_version"] = self._flagset.version
         return facts
 
 

@@ -207,7 +207,7 @@ class _Trial:
         finally:
             self.watchdog.stop()
         after = prometheus.scrape(launch.base_url)
-        facts = self.adapter.engine_facts(self.events, before, after)
+        facts = {**self.adapter.served_facts(launch.base_url), **self.adapter.engine_facts(self.events, before, after)}
         facts.update(_sampled_facts(sampler.summary(), facts))
         facts["client_limited"] = any(r.get("client_limited") for r in runs)
         if self.reruns:
