@@ -25,6 +25,7 @@ from rich.box import SIMPLE_HEAD
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
+from typer.core import TyperGroup
 
 from autotune import __version__
 from autotune.bench.capacity import search_capacity
@@ -87,7 +88,20 @@ def _flags_show_no_value_type() -> None:
 
 _flags_show_no_value_type()
 
+
+class _OneLineErrors(TyperGroup):
+    """Every command's AutotuneError ends as one line on stderr and its exit code: caught here,
+    once, for all commands (``--debug`` lets it through with its traceback)."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's own click Context
+        try:
+            return super().invoke(ctx)
+        except AutotuneError as err:
+            raise _fail(err) from None
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     help="Closed-loop auto-tuner for LLM serving engines (vLLM, SGLang): launches the engine with "
     "candidate flags, drives your workload at it, lets Optuna pick the next flags, and exports "
     "the winner as a launch script.",
@@ -629,56 +643,53 @@ def tune(
     Re-running the same command resumes the study where it stopped. Boxes that run it with the
     same --study and a shared --storage (PostgreSQL, MySQL) work on the study together."""
     _terminate_as_interrupt()
-    try:
-        env_values = parse_env(env or [])
-        fixed_raw = parse_pairs(fixed or [], "--fixed")
-        engine, intro = _engine_choice(engine, python, command)
-        kind = (engine.partition("-")[2] or "vllm") if engine.startswith("sim") else engine
-        space_path = _resolve_file(space or DEFAULT_SPACE.get(kind, "vllm-default"), "search_spaces")
-        space_model = load_yaml(space_path, SearchSpace)
-        check_space_values(kind, space_model, str(space_path))
-        settings = _engine_settings(
-            engine,
-            model,
-            python,
-            command,
-            typed_fixed(kind, fixed_raw, space_model),
-            env_values,
-            startup_timeout,
-            sim_gpu,
-            sim_speedup,
-            api_key_env,
-        )
-        job = TuneJob(
-            engine=settings,
-            space=space_model,
-            workload=_with_client(load_yaml(_resolve_file(workload, "workloads"), Workload), bench_client),
-            study=parse_model(
-                StudySettings,
-                {
-                    "name": study,
-                    "results_dir": results,
-                    "storage": storage,
-                    "trials": trials,
-                    "time_budget_s": parse_duration(time_budget, "--time-budget") if time_budget else None,
-                    "repeats": repeats,
-                    "finalists": finalists,
-                    "validation_runs": validation_runs,
-                    "sampler": sampler,
-                    "seed": seed,
-                    "method": method,
-                    "memory_probe": memory_probe,
-                    "host_memory_margin_gib": host_memory_margin,
-                    "baseline": baseline,
-                    "parallel": parse_parallel(parallel),
-                    "gpus": parse_gpus(gpus),
-                    "heartbeat_s": heartbeat,
-                },
-                "tune options",
-            ),
-        )
-    except AutotuneError as err:
-        raise _fail(err) from None
+    env_values = parse_env(env or [])
+    fixed_raw = parse_pairs(fixed or [], "--fixed")
+    engine, intro = _engine_choice(engine, python, command)
+    kind = (engine.partition("-")[2] or "vllm") if engine.startswith("sim") else engine
+    space_path = _resolve_file(space or DEFAULT_SPACE.get(kind, "vllm-default"), "search_spaces")
+    space_model = load_yaml(space_path, SearchSpace)
+    check_space_values(kind, space_model, str(space_path))
+    settings = _engine_settings(
+        engine,
+        model,
+        python,
+        command,
+        typed_fixed(kind, fixed_raw, space_model),
+        env_values,
+        startup_timeout,
+        sim_gpu,
+        sim_speedup,
+        api_key_env,
+    )
+    job = TuneJob(
+        engine=settings,
+        space=space_model,
+        workload=_with_client(load_yaml(_resolve_file(workload, "workloads"), Workload), bench_client),
+        study=parse_model(
+            StudySettings,
+            {
+                "name": study,
+                "results_dir": results,
+                "storage": storage,
+                "trials": trials,
+                "time_budget_s": parse_duration(time_budget, "--time-budget") if time_budget else None,
+                "repeats": repeats,
+                "finalists": finalists,
+                "validation_runs": validation_runs,
+                "sampler": sampler,
+                "seed": seed,
+                "method": method,
+                "memory_probe": memory_probe,
+                "host_memory_margin_gib": host_memory_margin,
+                "baseline": baseline,
+                "parallel": parse_parallel(parallel),
+                "gpus": parse_gpus(gpus),
+                "heartbeat_s": heartbeat,
+            },
+            "tune options",
+        ),
+    )
     _run_job(job, intro)
 
 
@@ -704,8 +715,6 @@ def _run_job(job: TuneJob, intro: list[str] | None = None) -> None:
         raise _fail(StudyError(changed) if changed else err) from None
     except EngineFailsRegardless as err:
         raise _fail(err) from None  # its one line is the diagnosis; `status` shows it too
-    except AutotuneError as err:
-        raise _fail(err) from None
     except KeyboardInterrupt:
         interrupt.acknowledge()
         err_console.print("interrupted: engines torn down, study saved; run the same command to resume")
@@ -848,30 +857,27 @@ def worker(
     """Join a study that `autotune tune` started on another box: engine, space, workload and
     settings come from the study; only where this box runs trials is given here."""
     _terminate_as_interrupt()
-    try:
-        local_env = parse_env(env or [])
-        engine: dict[str, Any] = {"env": local_env}
-        stored = join_job(study, storage, engine={}, study={}).engine
-        if stored.simulated:
-            sim_env = {"AUTOTUNE_SIM_GPU": sim_gpu, "AUTOTUNE_SIM_SPEEDUP": str(sim_speedup)}
-            engine = {"env": {**sim_env, **local_env}, "command": [sys.executable, "-m", "autotune_sim", stored.kind]}
-        if python is not None:
-            engine.update(python=python, command=None)
-        if command is not None:
-            engine["command"] = shlex.split(command)
-        job = join_job(
-            study,
-            storage,
-            engine=engine,
-            study={
-                "results_dir": results,
-                "parallel": parse_parallel(parallel),
-                "gpus": parse_gpus(gpus),
-                "heartbeat_s": heartbeat,
-            },
-        )
-    except AutotuneError as err:
-        raise _fail(err) from None
+    local_env = parse_env(env or [])
+    engine: dict[str, Any] = {"env": local_env}
+    stored = join_job(study, storage, engine={}, study={}).engine
+    if stored.simulated:
+        sim_env = {"AUTOTUNE_SIM_GPU": sim_gpu, "AUTOTUNE_SIM_SPEEDUP": str(sim_speedup)}
+        engine = {"env": {**sim_env, **local_env}, "command": [sys.executable, "-m", "autotune_sim", stored.kind]}
+    if python is not None:
+        engine.update(python=python, command=None)
+    if command is not None:
+        engine["command"] = shlex.split(command)
+    job = join_job(
+        study,
+        storage,
+        engine=engine,
+        study={
+            "results_dir": results,
+            "parallel": parse_parallel(parallel),
+            "gpus": parse_gpus(gpus),
+            "heartbeat_s": heartbeat,
+        },
+    )
     intro = (
         ["simulated engine: numbers are modelled by autotune's GPU simulator, not measured (the study's engine)"]
         if job.engine.simulated
@@ -936,10 +942,7 @@ def probe_memory(
         sim_gpu=sim_gpu,
         sim_speedup=sim_speedup,
     )
-    try:
-        st = _open_existing(study, storage, results)
-    except AutotuneError as err:
-        raise _fail(err) from None
+    st = _open_existing(study, storage, results)
     state = st.user_attrs.get("stage.memory_edge") or {}
     if state.get("skipped"):
         console.print(f"memory edge: skipped — {state['skipped']}")
@@ -1127,10 +1130,7 @@ def status(
     results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
 ) -> None:
     """Trials so far, the best feasible trial, and failures by outcome."""
-    try:
-        st = _open_named(study, storage, results)
-    except AutotuneError as err:
-        raise _fail(err) from None
+    st = _open_named(study, storage, results)
     trials = st.get_trials(deepcopy=False)
     outcomes = Counter(t.user_attrs.get("outcome", t.state.name.lower()) for t in trials)
     stages = Counter(t.user_attrs.get("stage", "?") for t in trials)
@@ -1260,28 +1260,25 @@ def export(
     """Write the best (or a chosen) trial as a launch script with the trial's exact argv and env.
 
     In a multi-objective study, --pareto writes the whole front; export any point with --trial N."""
-    try:
-        st = _open_named(study, storage, results)
-        name = st.study_name
-        folder = _study_folder(name, storage, results)
-        if pareto:
-            console.print(str(_export_front(st, output or folder / "pareto.json")), highlight=False)
-            return
-        if trial is None:
-            chosen = best_trial(st)
-            if chosen is None:
-                raise ConfigError(
-                    f"study {name!r} has no feasible trial ({no_winner_text(st.get_trials(deepcopy=False))}); "
-                    "pass --trial N to export another"
-                )
-        else:
-            found = [t for t in st.get_trials(deepcopy=False) if t.number == trial]
-            if not found:
-                raise ConfigError(f"study {name!r} has no trial {trial}; see `autotune status {name}`")
-            chosen = found[0]
-        path = export_trial(st, chosen, fmt, output, folder)
-    except AutotuneError as err:
-        raise _fail(err) from None
+    st = _open_named(study, storage, results)
+    name = st.study_name
+    folder = _study_folder(name, storage, results)
+    if pareto:
+        console.print(str(_export_front(st, output or folder / "pareto.json")), highlight=False)
+        return
+    if trial is None:
+        chosen = best_trial(st)
+        if chosen is None:
+            raise ConfigError(
+                f"study {name!r} has no feasible trial ({no_winner_text(st.get_trials(deepcopy=False))}); "
+                "pass --trial N to export another"
+            )
+    else:
+        found = [t for t in st.get_trials(deepcopy=False) if t.number == trial]
+        if not found:
+            raise ConfigError(f"study {name!r} has no trial {trial}; see `autotune status {name}`")
+        chosen = found[0]
+    path = export_trial(st, chosen, fmt, output, folder)
     console.print(str(path), highlight=False)
 
 
@@ -1318,14 +1315,11 @@ def trials(
     results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
 ) -> None:
     """One row per trial: stage, outcome, flags, key metrics, engine facts (table, CSV, Parquet)."""
-    try:
-        # Values as recorded: an integer knob stays 2048, a fraction 0.88 (no float column rounding).
-        frame = trials_frame(_open_named(study, storage, results), exact=True)
-        for path, write in ((csv, _write_csv), (parquet, _write_parquet)):
-            if path is not None:
-                write(frame, path)
-    except AutotuneError as err:
-        raise _fail(err) from None
+    # Values as recorded: an integer knob stays 2048, a fraction 0.88 (no float column rounding).
+    frame = trials_frame(_open_named(study, storage, results), exact=True)
+    for path, write in ((csv, _write_csv), (parquet, _write_parquet)):
+        if path is not None:
+            write(frame, path)
     shown = [c for c in frame.columns if c.startswith("param.")]
     metrics = [c for c in ("output_throughput", "p95_ttft_ms", "p95_tpot_ms") if c in frame.columns]
     table = _table(
@@ -1364,11 +1358,8 @@ def report(
     open_page: Annotated[bool, typer.Option("--open", help="Open the HTML report in the default browser.")] = False,
 ) -> None:
     """Write results/<study>/report.html (interactive plots, opens offline) and report.md (to paste)."""
-    try:
-        st = _open_named(study, storage, results)
-        html_path, md_path = write_report(st, results / st.study_name)
-    except AutotuneError as err:
-        raise _fail(err) from None
+    st = _open_named(study, storage, results)
+    html_path, md_path = write_report(st, results / st.study_name)
     for path in (html_path, md_path):
         console.print(str(path), soft_wrap=True, markup=False, highlight=False)
     if open_page:
@@ -1413,8 +1404,6 @@ def bench(
             else:
                 result = run_workload_sync(url, w, model=model, api_key=key, workers=workers, on_progress=show)
                 data = result.to_json(detailed=True)
-    except AutotuneError as err:
-        raise _fail(err) from None
     except KeyboardInterrupt:
         interrupt.acknowledge()
         _quiet_exit("interrupted: the benchmark was stopped; no result written")
