@@ -162,10 +162,22 @@ def _line(kind: str, event: LogEvent) -> str:
     return strip_prefix(event.line)[:300]
 
 
-def root_cause(events: Sequence[LogEvent], fallback: str) -> RootCause:
-    """The most specific cause among ``events``; ``fallback`` (the tuner's own error) when none."""
+def root_cause(events: Sequence[LogEvent], fallback: str, returncode: int | None = None) -> RootCause:
+    """The most specific cause among ``events``; ``fallback`` (the tuner's own error) when none.
+
+    ``returncode`` is the launched process's own exit status. When a signal ended it, a worker
+    the log then reports dead with no exit code of its own lost its parent: a consequence, so
+    the signal (in ``fallback``) is the cause.
+    """
     picked = _pick(events)
-    if picked is None:
+    orphaned = (
+        picked is not None
+        and returncode is not None
+        and returncode < 0
+        and picked[1].kind == EventKind.WORKER_DIED
+        and picked[1].data.get("exit_code") is None
+    )
+    if picked is None or orphaned:
         line = fallback.strip()[:300]
         return RootCause(line, "unknown", None, "", "unknown:" + _VARIABLE.sub("#", line), from_log=False)
     kind, event = picked

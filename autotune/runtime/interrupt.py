@@ -13,6 +13,8 @@ the watcher delivers it again, until the command's top level :func:`acknowledge`
 from __future__ import annotations
 
 import _thread
+import asyncio
+import logging
 import signal
 import sys
 import threading
@@ -41,6 +43,9 @@ def acknowledge() -> None:
 
 
 def _handler(signum: int, frame: Any) -> None:
+    # The stop's one line is the command's to print: event-loop tasks torn down by the interrupt
+    # ("Task was destroyed but it is pending!") are its expected consequence, not news.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
     if not _requested.is_set():
         _requested.set()
         threading.Thread(target=_redeliver, args=(signum,), name="interrupt-watcher", daemon=True).start()
@@ -62,4 +67,6 @@ def _main_thread_has_it() -> bool:
     current: Any = sys._current_exceptions().get(threading.main_thread().ident or 0)
     if isinstance(current, tuple):  # Python < 3.12: (type, value, traceback)
         current = current[1]
-    return isinstance(current, KeyboardInterrupt)
+    # asyncio.run takes the interrupt by cancelling its main task: a CancelledError on its way
+    # out is the same teardown under way.
+    return isinstance(current, (KeyboardInterrupt, asyncio.CancelledError))

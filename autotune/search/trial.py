@@ -124,10 +124,10 @@ CLIENT_RERUNS = 2  # a client-limited run is run again this many times before th
 LENGTHENINGS, MAX_GROWTH = 2, 4.0  # a short run is lengthened at most twice, each time ≤ 4× the prompts
 
 
-def _explain(result: TrialResult, t: _Trial, fallback: str) -> None:
+def _explain(result: TrialResult, t: _Trial, err: AutotuneError) -> None:
     """Record the failure's root cause (never a wrapper line), the knob it points to, where it
     happened and what was in flight."""
-    cause = root_cause(t.events, fallback)
+    cause = root_cause(t.events, str(err), getattr(err, "returncode", None))
     where = failed_at(t.ready, t.attempts or t.runs)
     flight = in_flight_story(t.events, t.attempts or t.runs) if t.ready else {}
     result.reason = f"{cause.line} ({WHERE[where]})"
@@ -424,20 +424,20 @@ def run_trial(
         result.outcome, result.reason = Outcome.INVALID_FLAGS, str(err)
     except StartupTimeout as err:
         result.outcome = Outcome.STARTUP_TIMEOUT
-        _explain(result, t, str(err))
+        _explain(result, t, err)
     except EngineStartupError as err:
         result.outcome = adapter.classify_failure(err.returncode, t.events)
-        _explain(result, t, str(err))
+        _explain(result, t, err)
     except ClientLimited as err:
         result.outcome, result.reason = Outcome.CLIENT_LIMITED, str(err)
         result.facts.update(client_reruns=t.reruns, transient=True)
     except (EngineCrashed, BenchmarkError) as err:
         oom = any(e.kind == EventKind.OOM_RUNTIME for e in t.events)
         result.outcome = Outcome.OOM_RUNTIME if oom else Outcome.CRASH
-        _explain(result, t, str(err))
+        _explain(result, t, err)
     except AutotuneError as err:  # e.g. port trouble or teardown failure: infrastructure
         result.outcome = Outcome.CRASH
-        _explain(result, t, str(err))
+        _explain(result, t, err)
     result.facts.update(_event_facts(t.events, result.facts))
     if result.score is None:
         result.score = score(result.outcome, {}, workload)

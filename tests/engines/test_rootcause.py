@@ -160,3 +160,14 @@ def test_cpu_kv_refusal_says_which_way_the_fraction_is_wrong(numbers: str, kind:
     assert cause.kind == kind
     assert knob_hint in cause.hint
     assert cause.line.startswith("ValueError: Available memory on node 0")
+
+
+def test_a_worker_orphaned_by_a_signalled_server_is_not_the_cause() -> None:
+    # The API server (the supervisor's own child) was SIGKILLed; its worker then dies, exit unknown.
+    line = "(EngineCore pid=1) ERROR 12-05 07:54:10 [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
+    events = parse_all([line + "unexpectedly (exit code: None), shutting down executor."])
+    crashed = "engine exited (killed by SIGKILL) after it was ready"
+    assert root_cause(events, crashed, returncode=-9).line == crashed
+    # Without a signal on the server (the worker's own death, e.g. SIGILL not yet reaped) the log's line stands.
+    assert root_cause(events, crashed, returncode=None).line == "worker VllmWorker-0 died: exit code unknown"
+    assert root_cause(events, crashed, returncode=1).line == "worker VllmWorker-0 died: exit code unknown"
