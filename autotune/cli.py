@@ -1473,8 +1473,7 @@ def capacity_line(found: Any) -> str:
 def _quiet_exit(line: str) -> None:
     """Say ``line`` and leave with exit 130, with nothing after it: the event loop's tasks and
     client workers torn down by the interrupt would otherwise print their tracebacks."""
-    err_console.print(line)
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
+    err_console.print(line)  # the asyncio teardown logger was silenced with the signal (runtime/interrupt.py)
     if sys.stderr is sys.__stderr__:  # the real command (not a test runner's captured streams)
         with contextlib.suppress(OSError, ValueError, AttributeError):
             sys.__stderr__.flush()
