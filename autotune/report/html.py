@@ -18,6 +18,7 @@ from autotune.errors import ConfigError
 from autotune.report.markdown import render_markdown
 from autotune.report.plots import Plot, build_plots
 from autotune.report.summary import SPREAD_NOTE, StudyReport, format_number, summarize
+from autotune.search.record import trial_record
 
 __all__ = ["FACT_COLUMNS", "render_html", "write_report"]
 
@@ -111,7 +112,7 @@ def _winner_line(report: StudyReport) -> str:
     )
     value = _e(format_number(report.winner_value))
     return (
-        f'<p class="headline">Winner: trial #{w.number} ({_e(w.user_attrs.get("stage", ""))}) — '
+        f'<p class="headline">Winner: trial #{w.number} ({_e(trial_record(w).stage)}) — '
         f"{_e(report.objective)} <b>{value}</b> ({_e(report.winner_runs_text)}){change}.</p>"
     )
 

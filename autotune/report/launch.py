@@ -11,18 +11,20 @@ import optuna
 
 from autotune.errors import ConfigError
 from autotune.report.export import LaunchRecord, render
-from autotune.search.storage import primary_value, validation
+from autotune.search.record import study_config, trial_record, validation
+from autotune.search.storage import primary_value
 
 __all__ = ["engine_config", "export_trial", "launch_record", "objective_metric", "runs_on_cpu", "value_summary"]
 
 
 def engine_config(study: optuna.Study) -> dict[str, Any]:
     """The engine section of the study's stored config."""
-    return dict(study.user_attrs.get("config", {}).get("engine", {}))
+    return dict(study_config(study).get("engine") or {})
 
 
 def objective_metric(study: optuna.Study) -> str:
-    return str(study.user_attrs.get("config", {}).get("workload", {}).get("objective", {}).get("metric", "objective"))
+    workload = study_config(study).get("workload") or {}
+    return str((workload.get("objective") or {}).get("metric", "objective"))
 
 
 def value_summary(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> tuple[float | None, str]:
@@ -30,7 +32,7 @@ def value_summary(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> tuple
     happened, or the one run, saying why validation did not add more."""
     checked = validation(study).get(trial.number)
     if checked is None:
-        finalists = (study.user_attrs.get("config") or {}).get("study", {}).get("finalists")
+        finalists = (study_config(study).get("study") or {}).get("finalists")
         why = "validation is off (--finalists 0)" if finalists == 0 else "not validated"
         return primary_value(trial), f"one run, {why}"
     values = checked.get("values") or []
@@ -42,12 +44,13 @@ def value_summary(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> tuple
 def runs_on_cpu(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether the trial ran a CPU build (vLLM-CPU): from the engine's facts, its environment or
     its log (``CPU KV cache size``, ``device_config=cpu``)."""
-    facts = trial.user_attrs.get("facts") or {}
+    record = trial_record(trial)
+    facts = record.facts
     if facts.get("kv_device") == "cpu" or str(facts.get("engine_version", "")).endswith("+cpu"):
         return True
-    if any(name.startswith("VLLM_CPU_") for name in trial.user_attrs.get("env") or {}):
+    if any(name.startswith("VLLM_CPU_") for name in record.env):
         return True
-    log_path = trial.user_attrs.get("log_path")
+    log_path = record.log_path
     if log_path:
         with contextlib.suppress(OSError):
             text = Path(log_path).read_text(errors="replace")[:400_000]
@@ -61,25 +64,25 @@ def launch_record(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Launc
     Raises:
         ConfigError: the trial never launched (nothing to export).
     """
-    ua = trial.user_attrs
-    if not ua.get("argv"):
-        raise ConfigError(f"trial {trial.number} has no recorded launch (outcome {ua.get('outcome')}); pick another")
+    record = trial_record(trial)
+    if not record.argv:
+        raise ConfigError(f"trial {trial.number} has no recorded launch (outcome {record.outcome}); pick another")
     engine_cfg = engine_config(study)
     value, note = value_summary(study, trial)
-    summary = f"outcome {ua.get('outcome')}, {objective_metric(study)} {value:,.2f}" if value is not None else ""
+    summary = f"outcome {record.outcome}, {objective_metric(study)} {value:,.2f}" if value is not None else ""
     summary += f" ({note})" if note and summary else ""
     return LaunchRecord(
         study=study.study_name,
         trial=trial.number,
-        argv=ua["argv"],
-        env=ua.get("env", {}),
-        flags=ua.get("flags", {}),
-        metrics=ua.get("metrics", {}),
+        argv=record.argv,
+        env=record.env,
+        flags=record.flags,
+        metrics=record.metrics,
         summary=summary,
         simulated=bool(engine_cfg.get("simulated")),
         engine=str(engine_cfg.get("kind", "vllm")),
-        engine_version=(ua.get("facts") or {}).get("engine_version"),
-        engine_args=ua.get("engine_args"),
+        engine_version=record.facts.get("engine_version"),
+        engine_args=record.engine_args,
         device="cpu" if runs_on_cpu(trial) else "gpu",
         model=engine_cfg.get("model"),
     )

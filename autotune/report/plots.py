@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
 from autotune.report.summary import SERVED, StudyReport
+from autotune.search.record import trial_record
 
 __all__ = ["Plot", "build_plots"]
 
@@ -185,7 +186,7 @@ def _pareto_front(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def _marker_trial(fig: go.Figure, trial: FrozenTrial | None, name: str, colour: str, symbol: str) -> None:
-    metrics = (trial.user_attrs.get("metrics") or {}) if trial is not None else {}
+    metrics = trial_record(trial).metrics if trial is not None else {}
     if "output_throughput" in metrics and "p95_ttft_ms" in metrics and trial is not None:
         fig.add_trace(
             go.Scatter(
@@ -297,7 +298,7 @@ def cuda_graph(report: StudyReport) -> Plot | None:
             name="output throughput",
         )
     )
-    base = (report.baseline.user_attrs.get("metrics") or {}) if report.baseline is not None else {}
+    base = trial_record(report.baseline).metrics if report.baseline is not None else {}
     if "output_throughput" in base:
         fig.add_hline(y=base["output_throughput"], line={"dash": "dot"}, annotation_text="engine defaults")
     fig.update_xaxes(title_text="largest batch captured as a CUDA graph", type="category")
@@ -315,9 +316,9 @@ def _importance_trials(report: StudyReport) -> tuple[list[FrozenTrial], list[str
     trials = [
         t
         for t in report.trials
-        if t.user_attrs.get("stage") in SEARCH_STAGES
+        if trial_record(t).stage in SEARCH_STAGES
         and t.state == TrialState.COMPLETE
-        and t.user_attrs.get("outcome") in SERVED
+        and trial_record(t).outcome in SERVED
     ]
     if not trials:
         return [], []

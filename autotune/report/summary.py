@@ -25,6 +25,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.report.table import trials_frame
 from autotune.search.objective import is_feasible
+from autotune.search.record import (
+    TrialRecord,
+    stage_states,
+    stopped,
+    study_config,
+    trial_record,
+    trial_records,
+    verdict,
+)
 from autotune.search.storage import best_trial, primary_value
 
 __all__ = [
@@ -178,7 +187,7 @@ class StudyReport:
         if self.winner is None:
             return None
         gain = self.objective_gain
-        value = self.winner.user_attrs.get("validated_median", gain.winner if gain else primary_value(self.winner))
+        value = gain.winner if gain else primary_value(self.winner)
         return None if value is None else float(value)
 
     @property
@@ -186,8 +195,7 @@ class StudyReport:
         if self.winner is None:
             return None
         gain = self.objective_gain
-        fallback = gain.spread if gain is not None and self.winner_runs > 1 else None
-        spread = self.winner.user_attrs.get("validated_spread", fallback)
+        spread = gain.spread if gain is not None and self.winner_runs > 1 else None
         return None if spread is None else float(spread)
 
     @property
@@ -214,7 +222,7 @@ def no_winner_text(trials: Sequence[FrozenTrial]) -> str:
     finished = [t for t in trials if t.state.is_finished()]
     counts = dict(Counter(_outcome(t) for t in finished))
     # A memory probe served its own peak load, not the workload: it says nothing about the SLOs.
-    served = [t for t in finished if _served(t) and not t.user_attrs.get("workload_override")]
+    served = [t for t in finished if _served(t) and not trial_record(t).is_probe]
     if served:
         missed = sum(1 for t in served if _outcome(t) == "slo_violation")
         return (
@@ -222,7 +230,7 @@ def no_winner_text(trials: Sequence[FrozenTrial]) -> str:
             + (f" and {missed} missed them" if missed else " but none was feasible")
             + f" ({launch_counts(counts)})"
         )
-    if finished and all(t.user_attrs.get("workload_override") for t in finished):
+    if finished and all(trial_record(t).is_probe for t in finished):
         return f"no trial ran the workload: only memory probes under its peak shape ({launch_counts(counts)})"
     return f"no trial served the workload: {launch_counts(counts)}"
 
@@ -265,11 +273,10 @@ def launch_counts(outcomes: Mapping[str, int]) -> str:
     return f"{total} {noun}: {parts}"
 
 
-def knob_value(attrs: Mapping[str, Any], knob: str) -> Any:
+def knob_value(record: TrialRecord, knob: str) -> Any:
     """A portable knob's value in a trial: its param, else its dialect flag, else an engine fact."""
-    params = attrs.get("params") or {}
-    flags = attrs.get("flags") or {}
-    reduced = (attrs.get("facts") or {}).get("reduced_flags") or {}
+    params, flags = record.params or {}, record.flags
+    reduced = record.facts.get("reduced_flags") or {}
     for flag in KNOB_FLAGS.get(knob, ()):
         if flag in reduced:  # the engine lowered it: the trial measured the value it used
             return reduced[flag]["used"]
@@ -278,20 +285,20 @@ def knob_value(attrs: Mapping[str, Any], knob: str) -> Any:
     for flag in KNOB_FLAGS.get(knob, ()):
         if flag in flags:
             return flags[flag]
-    return (attrs.get("facts") or {}).get(knob)
+    return record.facts.get(knob)
 
 
 def _outcome(t: FrozenTrial) -> str:
-    return str(t.user_attrs.get("outcome", t.state.name.lower()))
+    return trial_record(t).outcome or t.state.name.lower()
 
 
 def _served(t: FrozenTrial) -> bool:
-    return t.state == TrialState.COMPLETE and _outcome(t) in SERVED and bool(t.user_attrs.get("metrics"))
+    return t.state == TrialState.COMPLETE and _outcome(t) in SERVED and bool(trial_record(t).metrics)
 
 
 def _pick_baseline(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
     """The engine-defaults trial: a served one if any (a retry may have served), else the last."""
-    baselines = [t for t in trials if t.user_attrs.get("stage") == "baseline" and t.state.is_finished()]
+    baselines = [t for t in trials if trial_record(t).stage == "baseline" and t.state.is_finished()]
     served = [t for t in baselines if _served(t)]
     pool = served or baselines
     return pool[-1] if pool else None
@@ -302,9 +309,10 @@ def _winner_group(trials: Sequence[FrozenTrial], winner: FrozenTrial) -> tuple[F
 
     ``best_trial`` may return a validation run; its finalist (same flags) stands for the group.
     """
-    root_number = winner.user_attrs.get("validates", winner.number)
+    validates = trial_record(winner).validates
+    root_number = winner.number if validates is None else validates
     root = next((t for t in trials if t.number == root_number), winner)
-    runs = [t for t in trials if (t.number == root.number or t.user_attrs.get("validates") == root.number)]
+    runs = [t for t in trials if (t.number == root.number or trial_record(t).validates == root.number)]
     return root, [t for t in runs if _served(t)]
 
 
@@ -312,7 +320,7 @@ def _median_metrics(runs: Sequence[FrozenTrial]) -> tuple[dict[str, float], dict
     """Median of every numeric metric over runs, and its relative spread across them."""
     values: dict[str, list[float]] = {}
     for t in runs:
-        for key, v in (t.user_attrs.get("metrics") or {}).items():
+        for key, v in trial_record(t).metrics.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v):
                 values.setdefault(key, []).append(float(v))
     medians = {k: statistics.median(vs) for k, vs in values.items()}
@@ -323,11 +331,11 @@ def _median_metrics(runs: Sequence[FrozenTrial]) -> tuple[dict[str, float], dict
 def _gains(
     baseline: FrozenTrial | None, winner_runs: Sequence[FrozenTrial], objective: str, direction: str
 ) -> list[Gain]:
-    base = (baseline.user_attrs.get("metrics") or {}) if baseline is not None and _served(baseline) else {}
+    base = trial_record(baseline).metrics if baseline is not None and _served(baseline) else {}
     medians, spreads = _median_metrics(winner_runs)
     if len(winner_runs) == 1:
         # One run: the only spread known is the one between its benchmark repeats.
-        spreads = dict(winner_runs[0].user_attrs.get("spread") or {})
+        spreads = dict(trial_record(winner_runs[0]).spread)
     specs = list(GAIN_METRICS)
     if objective not in {key for key, *_ in specs}:
         specs.insert(0, (objective, objective, "", direction == "maximize"))
@@ -353,9 +361,10 @@ def _flags_run(trial: FrozenTrial | None) -> dict[str, str]:
     """A trial's flags as text, each with the value the engine ran with where it lowered one."""
     if trial is None:
         return {}
-    reduced = (trial.user_attrs.get("facts") or {}).get("reduced_flags") or {}
+    record = trial_record(trial)
+    reduced = record.facts.get("reduced_flags") or {}
     out = {}
-    for flag, value in (trial.user_attrs.get("flags") or {}).items():
+    for flag, value in record.flags.items():
         used = reduced.get(flag, {}).get("used")
         out[flag] = _flag_text(value) + (f" (engine used {used})" if used is not None else "")
     return out
@@ -371,12 +380,12 @@ def _flag_text(value: Any) -> str:
 
 def explain(t: FrozenTrial) -> str:
     """The line a person needs: the engine's log line, the violated SLOs, or the state."""
-    ua = t.user_attrs
-    if ua.get("reason"):
-        return str(ua["reason"])
+    record = trial_record(t)
+    if record.reason:
+        return record.reason
     outcome = _outcome(t)
     if outcome == "slo_violation":
-        violations = ua.get("violations") or {}
+        violations = record.violations
         return "; ".join(_violation_text(k, v) for k, v in violations.items()) or "missed an SLO"
     if outcome == "unstable":
         return "failed at least one validation re-run with the same flags"
@@ -398,35 +407,28 @@ def _violation_text(key: str, amount: Any) -> str:
 
 def _failures(trials: Sequence[FrozenTrial]) -> list[TrialNote]:
     return [
-        TrialNote(
-            t.number,
-            str(t.user_attrs.get("stage", "")),
-            _outcome(t),
-            dict(t.user_attrs.get("flags") or {}),
-            explain(t),
-            str(t.user_attrs.get("log_path") or ""),
-        )
-        for t in trials
+        TrialNote(t.number, r.stage, _outcome(t), dict(r.flags), explain(t), r.log_path or "")
+        for t, r in zip(trials, trial_records(trials), strict=True)
         if t.state.is_finished() and _outcome(t) != "ok"
     ]
 
 
 def _frame(study_trials: Sequence[FrozenTrial], frame: pd.DataFrame) -> pd.DataFrame:
     """``trials_frame`` plus what the plots need: feasibility, knob values, spread, own load."""
-    by_number = {t.number: t for t in study_trials}
+    by_number = {t.number: (t, trial_record(t)) for t in study_trials}
     extra = pd.DataFrame(
         [
             {
                 "trial": n,
                 "served": _served(t),
-                "feasible": _served(t) and is_feasible(_outcome(t), t.user_attrs.get("constraints")),
-                "memory_fraction": knob_value(t.user_attrs, "memory_fraction"),
-                "cuda_graph_max_bs": knob_value(t.user_attrs, "cuda_graph_max_bs"),
-                "throughput_spread": (t.user_attrs.get("spread") or {}).get("output_throughput"),
+                "feasible": _served(t) and is_feasible(_outcome(t), r.constraints),
+                "memory_fraction": knob_value(r, "memory_fraction"),
+                "cuda_graph_max_bs": knob_value(r, "cuda_graph_max_bs"),
+                "throughput_spread": r.spread.get("output_throughput"),
                 # A probe that ran its own load (the memory edge's peak) is not comparable with the rest.
-                "own_load": bool(t.user_attrs.get("workload_override")),
+                "own_load": r.is_probe,
             }
-            for n, t in by_number.items()
+            for n, (t, r) in by_number.items()
         ],
         columns=[
             "trial",
@@ -446,7 +448,7 @@ def _frame(study_trials: Sequence[FrozenTrial], frame: pd.DataFrame) -> pd.DataF
 # ------------------------------------------------------------------------------ latency CDFs
 def _bench_runs(trial: FrozenTrial) -> list[dict[str, Any]]:
     """The runs in a trial's ``bench.json``; [] when the file is missing or unreadable."""
-    trial_dir = trial.user_attrs.get("trial_dir")
+    trial_dir = trial_record(trial).trial_dir
     if not trial_dir:
         return []
     try:
@@ -516,7 +518,7 @@ def _cdf(runs: Sequence[FrozenTrial], metrics: Mapping[str, Any]) -> LatencyCdf 
 def summarize(study: optuna.Study) -> StudyReport:
     """Read a study (and its trials' ``bench.json`` files) into a :class:`StudyReport`."""
     trials = study.get_trials(deepcopy=False)
-    config = dict(study.user_attrs.get("config") or {})
+    config = study_config(study)
     engine_cfg, workload_cfg = config.get("engine") or {}, config.get("workload") or {}
     objective_cfg = workload_cfg.get("objective") or {}
     direction = study.directions[0].name.lower()
@@ -526,7 +528,7 @@ def summarize(study: optuna.Study) -> StudyReport:
     medians, _ = _median_metrics(winner_runs)
     cdfs: dict[str, LatencyCdf] = {}
     if baseline is not None and _served(baseline):
-        base_cdf = _cdf([baseline], baseline.user_attrs.get("metrics") or {})
+        base_cdf = _cdf([baseline], trial_record(baseline).metrics)
         if base_cdf is not None:
             cdfs["baseline"] = base_cdf
     if winner_runs:
@@ -553,15 +555,11 @@ def summarize(study: optuna.Study) -> StudyReport:
         flags=_flag_rows(baseline, winner) if winner is not None else [],
         failures=_failures(trials),
         outcomes=dict(Counter(_outcome(t) for t in trials if t.state.is_finished())),
-        stages=dict(Counter(str(t.user_attrs.get("stage", "?")) for t in trials)),
+        stages=dict(Counter(trial_record(t).stage or "?" for t in trials)),
         cdfs=cdfs,
         # What each methodology stage decided (or why it was skipped), as the tuning loop stored it.
-        stage_states={
-            k.removeprefix("stage."): v
-            for k, v in study.user_attrs.items()
-            if k.startswith("stage.") and isinstance(v, dict)
-        },
+        stage_states={name: state.to_json() for name, state in stage_states(study).items()},
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        verdict_line=str((study.user_attrs.get("verdict") or {}).get("line", "")),
-        stopped_line=str((study.user_attrs.get("stopped") or {}).get("line", "")),
+        verdict_line=str((verdict(study) or {}).get("line", "")),
+        stopped_line=str((stopped(study) or {}).get("line", "")),
     )

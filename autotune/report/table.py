@@ -9,7 +9,8 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from autotune.search.storage import default_storage_url, load_study, validation
+from autotune.search.record import trial_record, validation
+from autotune.search.storage import default_storage_url, load_study
 
 __all__ = ["KEY_METRICS", "load_trials", "parquet_ready", "trials_frame"]
 
@@ -28,24 +29,23 @@ KEY_METRICS = (
 
 
 def _row(t: optuna.trial.FrozenTrial, checked: dict[str, Any]) -> dict[str, Any]:
-    ua = t.user_attrs
+    r = trial_record(t)
     row: dict[str, Any] = {
         "trial": t.number,
-        "stage": ua.get("stage", ""),
-        "outcome": ua.get("outcome", t.state.name.lower()),
+        "stage": r.stage,
+        "outcome": r.outcome or t.state.name.lower(),
         "value": t.values[0] if t.values else None,
         "validated_median": checked.get("median"),
         "validated_spread": checked.get("spread"),
-        "validates": ua.get("validates"),
-        "host": ua.get("host"),
+        "validates": r.validates,
+        "host": r.host or None,
     }
-    row.update({f"param.{k}": v for k, v in (ua.get("params") or {}).items()})
-    metrics = ua.get("metrics") or {}
-    row.update({k: metrics.get(k) for k in KEY_METRICS})
-    row.update({f"fact.{k}": v for k, v in (ua.get("facts") or {}).items() if not isinstance(v, (dict, list))})
-    row.update({f"time.{k}": v for k, v in (ua.get("timings") or {}).items()})
-    row["reason"] = ua.get("reason", "")
-    row["log_path"] = ua.get("log_path", "")
+    row.update({f"param.{k}": v for k, v in (r.params or {}).items()})
+    row.update({k: r.metrics.get(k) for k in KEY_METRICS})
+    row.update({f"fact.{k}": v for k, v in r.facts.items() if not isinstance(v, (dict, list))})
+    row.update({f"time.{k}": v for k, v in r.timings.items()})
+    row["reason"] = r.reason or ""
+    row["log_path"] = r.log_path or ""
     return row
 
 

@@ -36,6 +36,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.runtime.reaper import reap_process_groups
+from autotune.search.record import lease, set_lease, trial_record, trial_records
 from autotune.search.runner import StudyRun
 from autotune.search.storage import GRACE_BEATS
 
@@ -121,9 +122,10 @@ class Coordinator:
             return True
 
     def _owns(self, trial: FrozenTrial) -> bool:
-        if trial.user_attrs.get("stage") in SEQUENTIAL_STAGES:
+        r = trial_record(trial)
+        if r.stage in SEQUENTIAL_STAGES:
             return self._leading
-        return trial.user_attrs.get("worker") == self.run.worker or trial.number in self.adopted
+        return r.worker == self.run.worker or trial.number in self.adopted
 
     # ------------------------------------------------------------------ heartbeats
     def _beat_loop(self) -> None:
@@ -141,7 +143,7 @@ class Coordinator:
         """One round: beat for this worker's running trials, renew the lease, fail stale trials."""
         storage = self._storage()
         for t in self.run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if t.user_attrs.get("worker") == self.run.worker:
+            if trial_record(t).worker == self.run.worker:
                 storage.record_heartbeat(t._trial_id)
         if self.shared:
             self._renew()
@@ -169,7 +171,7 @@ class Coordinator:
         box's tuner was killed and restarted): no need to wait out their heartbeats."""
         dead = []
         for t in self.run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            host, _, rest = str(t.user_attrs.get("worker", "")).partition(":")
+            host, _, rest = trial_record(t).worker.partition(":")
             pid = rest.partition(":")[0]
             if host == self.host and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
                 dead.append(t._trial_id)
@@ -194,12 +196,12 @@ class Coordinator:
         """Take over a failed trial of another worker: end its engine here, re-run it later."""
         with self._lock:
             self.adopted.add(trial.number)
-        pgid = trial.user_attrs.get("engine_pgid")
+        r = trial_record(trial)
         reaped = []
-        if pgid is not None and trial.user_attrs.get("host") == self.host:
-            reaped = reap_process_groups([int(pgid)])
+        if r.engine_pgid is not None and r.host == self.host:
+            reaped = reap_process_groups([int(r.engine_pgid)])
         self.run.progress.message(
-            f"trial {trial.number} of worker {trial.user_attrs.get('worker', '?')} stopped beating: failed here"
+            f"trial {trial.number} of worker {r.worker or '?'} stopped beating: failed here"
             + (", its engine reaped" if reaped else "")
             + "; it will be re-run"
         )
@@ -213,7 +215,7 @@ class Coordinator:
         mine = [
             t
             for t in self.run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if t.user_attrs.get("worker") == self.run.worker
+            if trial_record(t).worker == self.run.worker
         ]
         for t in mine:
             try:
@@ -221,7 +223,7 @@ class Coordinator:
                 storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             except UpdateFinishedTrialError:
                 continue
-        reap_process_groups(int(t.user_attrs["engine_pgid"]) for t in mine if "engine_pgid" in t.user_attrs)
+        reap_process_groups(r.engine_pgid for r in trial_records(mine) if r.engine_pgid is not None)
         return mine
 
     # ------------------------------------------------------------------ the sequential lease
@@ -242,26 +244,26 @@ class Coordinator:
                     raise
                 with self._lease_lock:
                     self._leading = False
-                    self.run.study.set_user_attr(LEASE_KEY, {"done": True, "worker": self.run.worker})
+                    set_lease(self.run.study, LEASE_KEY, {"done": True, "worker": self.run.worker})
                 return result
             if not told:
-                holder = (self.run.study.user_attrs.get(LEASE_KEY) or {}).get("worker", "?")
+                holder = lease(self.run.study, LEASE_KEY).get("worker", "?")
                 self.run.progress.message(f"waiting: worker {holder} runs the sequential stages")
                 told = True
             time.sleep(poll)
         return body()
 
     def _lease_done(self) -> bool:
-        return bool((self.run.study.user_attrs.get(LEASE_KEY) or {}).get("done"))
+        return bool(lease(self.run.study, LEASE_KEY).get("done"))
 
     def _try_lead(self) -> bool:
         study = self.run.study
-        current = study.user_attrs.get(LEASE_KEY)
+        current = lease(study, LEASE_KEY)
         if current and current.get("worker") != self.run.worker and not self._expired(current):
             return False
-        study.set_user_attr(LEASE_KEY, {"worker": self.run.worker, "host": self.host, "seq": 0})
+        set_lease(study, LEASE_KEY, {"worker": self.run.worker, "host": self.host, "seq": 0})
         time.sleep(SETTLE_S)
-        won = (study.user_attrs.get(LEASE_KEY) or {}).get("worker") == self.run.worker
+        won = lease(study, LEASE_KEY).get("worker") == self.run.worker
         self._leading = self.led = won
         self._seq = 0
         return won
@@ -279,7 +281,7 @@ class Coordinator:
     def _renew(self) -> None:
         study = self.run.study
         with self._lease_lock:
-            current = study.user_attrs.get(LEASE_KEY) or {}
+            current = lease(study, LEASE_KEY)
             if not self._leading or current.get("done"):
                 return
             if current.get("worker") != self.run.worker:
@@ -287,7 +289,7 @@ class Coordinator:
                 log.warning("the sequential-stage lease was taken over by %s", current.get("worker"))
                 return
             self._seq += 1
-            study.set_user_attr(LEASE_KEY, {"worker": self.run.worker, "host": self.host, "seq": self._seq})
+            set_lease(study, LEASE_KEY, {"worker": self.run.worker, "host": self.host, "seq": self._seq})
 
 
 def _alive(pid: int) -> bool:

@@ -1,6 +1,9 @@
-"""Trials at the same time: several per box, each on its own GPU group, and many boxes per study.
+"""The study's orchestrator: the stages in order, on one slot or several per box, each on its own
+GPU group, and many boxes per study.
 
-On one box, ``parallel`` slots (threads) each run trials through the shared
+Every study runs here; a plain sequential one is one slot, run on the calling thread (so Ctrl-C
+reaches the trial as it runs) with no GPU placement of its own. On one box, ``parallel`` slots
+(threads) each run trials through the shared
 :class:`~autotune.search.runner.StudyRun`; every trial holds a group of TP × PP × DP GPUs from
 the :class:`~autotune.runtime.allocator.GpuAllocator` for as long as its engine lives, and its
 engine sees only that group (``CUDA_VISIBLE_DEVICES``). Without GPUs, parallelism is bounded by
@@ -13,7 +16,8 @@ other workers wait for them. The scenario search (or the plain search) and the v
 then use every slot of every worker. A quota is shared: a slot starts another trial only while
 finished + running + about-to-start trials of that kind stay below it, so N slots do not
 overshoot it by N − 1. Before validation every worker waits until no search trial runs anywhere,
-so all workers pick the same finalists.
+so all workers pick the same finalists. Validation runs round by round (the defaults and every
+finalist once, then again), so each gain over the defaults is a paired comparison.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from autotune.runtime.allocator import AllocatorClosed, GpuAllocator
 from autotune.runtime.gpu import default_backend, list_gpus
 from autotune.search.coordination import Coordinator
 from autotune.search.progress import Progress
-from autotune.search.runner import DEFAULTS, STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun
+from autotune.search.record import trial_record
+from autotune.search.runner import STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun
 from autotune.search.stages import (
     SCENARIOS,
     conservativeness_next,
@@ -50,7 +55,7 @@ from autotune.search.stages import (
 )
 from autotune.search.storage import superseded
 
-__all__ = ["Slots", "gpus_per_trial", "plan_slots", "run_scaled", "scales_out"]
+__all__ = ["Slots", "gpus_per_trial", "orchestrate", "plan_slots"]
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +68,6 @@ _SIZE_FLAGS = {
     "data_parallel": ("--data-parallel-size", "--dp-size", "--dp"),
 }
 _POLL_S = 1.0
-
-
-def scales_out(job: Any) -> bool:
-    """Whether the job runs through this module: several slots, a GPU subset, or a shared storage."""
-    study = job.study
-    return study.parallel != 1 or study.gpus is not None or not job.storage_url.startswith("sqlite")
 
 
 # ------------------------------------------------------------------------------ group sizes
@@ -131,12 +130,16 @@ def _no_env(flags: dict[str, Any]) -> contextlib.AbstractContextManager[Mapping[
 
 def plan_slots(job: Any, adapter: EngineAdapter) -> Slots:
     """Size the box: free GPUs (NVML, or ``AUTOTUNE_FAKE_GPUS``) and group sizes, else CPU cores.
+    One trial at a time with no ``--gpus``: one slot, and the engine sees the GPUs it would
+    see without autotune.
 
     Raises:
         ConfigError: ``--gpus`` without GPUs, or a group larger than the free GPUs.
     """
-    backend = default_backend()
     wanted = job.study.parallel
+    if wanted == 1 and job.study.gpus is None:
+        return Slots(1, _no_env, None, "")
+    backend = default_backend()
     if backend is None or not list_gpus(backend):
         if job.study.gpus is not None:
             raise ConfigError("--gpus was given but NVML finds no GPU on this machine; drop --gpus")
@@ -176,8 +179,8 @@ def plan_slots(job: Any, adapter: EngineAdapter) -> Slots:
 class _ThreadProgress:
     """Serialises the observer for several slots and labels phases with their trial."""
 
-    def __init__(self, inner: Progress, on_started: Callable[[int], None]):
-        self._inner, self._on_started = inner, on_started
+    def __init__(self, inner: Progress, on_started: Callable[[int], None], *, label: bool):
+        self._inner, self._on_started, self._label = inner, on_started, label
         self._lock = threading.RLock()
         self._local = threading.local()
 
@@ -192,7 +195,7 @@ class _ThreadProgress:
             self._inner.trial_started(number, stage, params)
 
     def phase(self, name: str) -> None:
-        number = getattr(self._local, "number", None)
+        number = getattr(self._local, "number", None) if self._label else None
         with self._lock:
             self._inner.phase(name if number is None else f"trial {number}: {name}")
 
@@ -257,14 +260,15 @@ class _Gate:
 
 
 # ------------------------------------------------------------------------------ the phases
-class _Scaled:
-    """One worker's run of the job over its slots."""
+class _Worker:
+    """This worker's run of the job over its slots."""
 
     def __init__(self, run: StudyRun, slots: Slots, shared: bool):
         self.run, self.slots, self.job = run, slots, run.job
         self.gate = _Gate(run)
         self.coord = Coordinator(run, shared=shared, heartbeat_s=self.job.study.heartbeat_s)
-        run.progress = self.progress = _ThreadProgress(run.progress, self._trial_visible)
+        # Several slots: each phase line names its trial, and each trial's resources come from its slot.
+        run.progress = self.progress = _ThreadProgress(run.progress, self._trial_visible, label=slots.count > 1)
         run.placement = slots.placement
         self.stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -298,7 +302,7 @@ class _Scaled:
             self.coord.sequential(baseline)
             search = _Task(
                 STAGE_SEARCH,
-                lambda t: t.user_attrs.get("stage") == STAGE_SEARCH,
+                lambda t: trial_record(t).stage == STAGE_SEARCH,
                 study.trials,
                 lambda first: run.run(STAGE_SEARCH, sample=self.job.space),
             )
@@ -321,29 +325,34 @@ class _Scaled:
             me = threading.get_ident()
             hint = opening if first and opening is not None else follow.get(me)
             if first and opening is not None:
-                run.progress.message(f"scenario search ({scenario} workload): first trial from the articles' {hint}")
+                run.progress.message(
+                    f"scenario search ({scenario} workload): first trial from the articles' {hint or 'defaults'}"
+                )
             result = run.run("scenario", explicit=fixed, sample=rest, hint=hint)
             follow[me] = conservativeness_next(run, rest, result.facts, result.flags)
 
-        self._fill([_Task("scenario", lambda t: t.user_attrs.get("stage") == "scenario", quota, start)])
+        self._fill([_Task("scenario", lambda t: trial_record(t).stage == "scenario", quota, start)])
 
     def _validate(self) -> None:
         cfg, run = self.job.study, self.run
         if cfg.finalists == 0 or cfg.validation_runs == 0:
             return
         finalists = run.finalists(cfg.finalists)
-        tasks = [self._validation_task(f.number, f.user_attrs["params"]) for f in finalists]
-        if cfg.baseline and all(f.user_attrs["params"] for f in finalists):
-            tasks.insert(0, self._validation_task(DEFAULTS, {}))  # the defaults beside them, for a paired gain
-        self._fill(tasks)
-        run.validate()  # every re-run is done: this only stores the medians, spreads and the verdict
+        groups = run.validation_groups(finalists)
+        # Round by round: each round re-runs the defaults and every finalist once, under the
+        # same machine conditions, so the gain of round i is a paired comparison.
+        for round_ in range(1, cfg.validation_runs + 1):
+            self._fill([self._validation_task(key, params, round_) for key, params in groups])
+            if run.out_of_time():
+                break
+        run.store_validation(finalists)
 
-    def _validation_task(self, number: int | str, params: Mapping[str, Any]) -> _Task:
+    def _validation_task(self, key: int | str, params: Mapping[str, Any], quota: int) -> _Task:
         return _Task(
-            f"validation:{number}",
-            lambda t: t.user_attrs.get("stage") == STAGE_VALIDATION and t.user_attrs.get("validates") == number,
-            self.job.study.validation_runs,
-            lambda first: self.run.run(STAGE_VALIDATION, explicit=params, extra={"validates": number}),
+            f"validation:{key}",
+            lambda t: trial_record(t).stage == STAGE_VALIDATION and trial_record(t).validates == key,
+            quota,
+            lambda first: self.run.run(STAGE_VALIDATION, explicit=params, extra={"validates": key}),
         )
 
     # -- filling quotas on every slot
@@ -389,7 +398,11 @@ class _Scaled:
             time.sleep(_POLL_S)
 
     def _on_slots(self, body: Callable[[], None]) -> None:
-        """Run ``body`` on every slot (thread) and wait; the first error stops them all."""
+        """Run ``body`` on every slot (thread) and wait; the first error stops them all. One
+        slot runs on this thread: an interrupt then reaches the trial where it runs."""
+        if self.slots.count == 1:
+            body()
+            return
 
         def guarded() -> None:
             try:
@@ -422,7 +435,7 @@ class _Scaled:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def run_scaled(run: StudyRun) -> None:
+def orchestrate(run: StudyRun) -> None:
     """Run ``run``'s job on every slot of this box, cooperating with any other worker of the study."""
     job = run.job
     slots = plan_slots(job, run.adapter)
@@ -430,13 +443,14 @@ def run_scaled(run: StudyRun) -> None:
     if shared:
         # Workers started with the same --seed would draw the same random start-up points.
         run.study.sampler.reseed_rng()
-    scaled = _Scaled(run, slots, shared=shared)
-    scaled.progress.message(slots.note)
+    worker = _Worker(run, slots, shared=shared)
+    if slots.note:
+        worker.progress.message(slots.note)
     try:
-        with scaled.coord:
-            scaled.run_method()
+        with worker.coord:
+            worker.run_method()
     except BaseException:
-        scaled.abort()
+        worker.abort()
         raise
     finally:
         if slots.allocator is not None:

@@ -35,8 +35,21 @@ from autotune.runtime.gpu import wait_pids_released
 from autotune.search.diagnosis import WHERE
 from autotune.search.objective import is_feasible
 from autotune.search.progress import Progress
+from autotune.search.record import (
+    INTERRUPTED,
+    StageState,
+    set_stage_state,
+    set_stopped,
+    set_validation,
+    set_verdict,
+    stage_state,
+    trial_record,
+    trial_records,
+    validation,
+    write_trial,
+)
 from autotune.search.space import distribution, suggest, suggest_param
-from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded, validation
+from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded
 from autotune.search.trial import TrialResult, TrialSpec, run_trial
 from autotune.search.verdict import paired_gains, paired_verdict
 
@@ -71,7 +84,7 @@ def _anywhere(flags: dict[str, Any]) -> AbstractContextManager[Mapping[str, str]
 def _deterministic_failure(t: FrozenTrial) -> tuple[str, str] | None:
     """(root-cause signature, where it failed) of a failure the engine's log explained and no tuned
     knob points to, else None."""
-    facts = t.user_attrs.get("facts") or {}
+    facts = trial_record(t).facts
     cause = facts.get("root_cause")
     if not cause or facts.get("transient", True) or "failed_at" not in facts or cause["kind"] not in UNTUNED_KINDS:
         return None
@@ -112,7 +125,7 @@ class StudyRun:
     # -- bookkeeping
     def trials(self, stage: str | None = None) -> list[FrozenTrial]:
         ts = self.study.get_trials(deepcopy=False)
-        return [t for t in ts if stage is None or t.user_attrs.get("stage") == stage]
+        return [t for t in ts if stage is None or trial_record(t).stage == stage]
 
     def finished(self, stage: str) -> list[FrozenTrial]:
         """Trials that count toward a stage's quota: finished and not superseded by a retry."""
@@ -122,11 +135,11 @@ class StudyRun:
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
 
-    def stage_state(self, name: str) -> dict[str, Any] | None:
-        return self.study.user_attrs.get(f"stage.{name}")
+    def stage_state(self, name: str) -> StageState | None:
+        return stage_state(self.study, name)
 
-    def set_stage_state(self, name: str, state: dict[str, Any]) -> None:
-        self.study.set_user_attr(f"stage.{name}", state)
+    def set_stage_state(self, name: str, state: StageState) -> None:
+        set_stage_state(self.study, name, state)
 
     # -- one trial through Optuna
     def run(
@@ -172,29 +185,28 @@ class StudyRun:
         whether the engine survives it, so the client's limits do not invalidate it."""
         flags = self.adapter.to_flags({**self.job.engine.fixed_flags, **self.job.space.fixed, **params})
         trial_dir = self.job.dir / "trials" / str(trial.number)
-        attrs = {
-            "stage": stage,
-            "params": params,
-            "flags": flags,
-            "host": socket.gethostname(),
-            "worker": self.worker,
-            "trial_dir": str(trial_dir.resolve()),
+        write_trial(
+            trial,
+            stage=stage,
+            params=params,
+            flags=flags,
+            host=socket.gethostname(),
+            worker=self.worker,
+            trial_dir=str(trial_dir.resolve()),
             **extra,
-        }
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
+        )
         self.progress.trial_started(trial.number, stage, params)
         try:
             with self.placement(flags) as env:
                 if env:
-                    trial.set_user_attr("placement", dict(env))
+                    write_trial(trial, placement=dict(env))
                 spec = TrialSpec(
                     trial.number,
                     stage,
                     flags,
                     trial_dir,
                     repeats=self.job.study.repeats,
-                    on_launch=lambda pgid: trial.set_user_attr("engine_pgid", pgid),
+                    on_launch=lambda pgid: write_trial(trial, engine_pgid=pgid),
                     env=env,
                     stall_timeout_s=self.job.study.stall_timeout_s,
                     bench_timeout_s=self.job.study.bench_timeout_s,
@@ -208,7 +220,7 @@ class StudyRun:
         except BaseException:
             # Ctrl-C or a bug: the engine is already torn down; record the trial as failed so the
             # study stays consistent and a resume re-runs it.
-            trial.set_user_attr("outcome", "interrupted")
+            write_trial(trial, outcome=INTERRUPTED)
             self.study.tell(trial, state=TrialState.FAIL)
             raise
         self._record(trial, result)
@@ -229,22 +241,23 @@ class StudyRun:
         """
         finished = [t for t in self.trials() if t.state.is_finished()]
         served = {str(Outcome.OK), str(Outcome.SLO_VIOLATION)}
-        if any(t.user_attrs.get("outcome") in served for t in finished):
+        if any(trial_record(t).outcome in served for t in finished):
             return
         groups: dict[tuple[str, str], list[FrozenTrial]] = {}
         for t in finished:
             if (key := _deterministic_failure(t)) is not None:
                 groups.setdefault(key, []).append(t)
         for same in groups.values():
-            if len({json.dumps(t.user_attrs.get("flags"), sort_keys=True, default=str) for t in same}) > 1:
+            if len({json.dumps(trial_record(t).flags, sort_keys=True, default=str) for t in same}) > 1:
                 raise self._stopped(same)
 
     def _stopped(self, same: list[FrozenTrial]) -> EngineFailsRegardless:
         # The most telling line of the group: a death with its signal beats one not yet reaped.
-        causes = [t.user_attrs["facts"]["root_cause"] for t in same]
+        records = trial_records(same)
+        causes = [r.facts["root_cause"] for r in records]
         cause = max(causes, key=lambda c: "SIG" in c["line"])
-        where = WHERE[same[0].user_attrs["facts"]["failed_at"]]
-        outcomes = sorted({str(t.user_attrs.get("outcome")) for t in same})
+        where = WHERE[records[0].facts["failed_at"]]
+        outcomes = sorted({str(r.outcome) for r in records})
         hint = cause["hint"] or "read engine.log of those trials"
         line = (
             f"the engine fails independently of the flags tried: {len(same)} launches with different flags "
@@ -252,35 +265,34 @@ class StudyRun:
             f"{cause['line']}. {hint[0].upper()}{hint[1:]}; stopped before sampling more"
         )
         stopped = {"reason": "flag_independent_failure", "line": line, "trials": [t.number for t in same]}
-        self.study.set_user_attr("stopped", {**stopped, "root_cause": cause})
+        set_stopped(self.study, {**stopped, "root_cause": cause})
         return EngineFailsRegardless(line)
 
     def _quality_reference(self) -> Path | None:
         """The baseline's greedy answers (greedy.json in its trial folder), the quality reference."""
-        for t in self.trials(STAGE_BASELINE):
-            path = Path(t.user_attrs.get("trial_dir", "")) / "greedy.json"
-            if "trial_dir" in t.user_attrs and path.is_file():
+        for r in trial_records(self.trials(STAGE_BASELINE)):
+            path = Path(r.trial_dir) / "greedy.json"
+            if r.trial_dir and path.is_file():
                 return path
         return None
 
     def _record(self, trial: optuna.Trial, result: TrialResult) -> None:
         assert result.score is not None
-        attrs = {
-            "outcome": str(result.outcome),
-            "constraints": result.score.constraints,
-            "violations": result.score.violations,
-            "metrics": result.metrics,
-            "spread": result.spread,
-            "facts": result.facts,
-            "timings": result.timings,
-            "reason": result.reason,
-            "argv": result.argv,
-            "engine_args": result.engine_args,
-            "env": redact_env(result.env),
-            "log_path": result.log_path,
-        }
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
+        write_trial(
+            trial,
+            outcome=str(result.outcome),
+            constraints=result.score.constraints,
+            violations=result.score.violations,
+            metrics=result.metrics,
+            spread=result.spread,
+            facts=result.facts,
+            timings=result.timings,
+            reason=result.reason,
+            argv=result.argv,
+            engine_args=result.engine_args,
+            env=redact_env(result.env),
+            log_path=result.log_path,
+        )
         for name, slack in result.score.constraints.items():
             trial.set_constraint(name, slack)
         if result.outcome.retryable:
@@ -296,63 +308,48 @@ class StudyRun:
     def retry_failed(self) -> None:
         """Re-run (within the retry budget) trials that crashed, timed out or were interrupted."""
         for t in self.trials():
-            if t.state != TrialState.FAIL or t.number in superseded(self.trials()) or "params" not in t.user_attrs:
+            r = trial_record(t)
+            if t.state != TrialState.FAIL or t.number in superseded(self.trials()) or r.params is None:
                 continue
-            if not (t.user_attrs.get("facts") or {}).get("transient", True):
+            if not r.facts.get("transient", True):
                 continue  # the log named a cause that does not go away on a re-run
-            attempts = int(t.user_attrs.get("attempt", 0))
-            if attempts >= self.job.study.retries or self.out_of_time() or not self.claim_retry(t):
+            if r.attempt >= self.job.study.retries or self.out_of_time() or not self.claim_retry(t):
                 continue
-            self.progress.message(f"retrying trial {t.number} ({t.user_attrs.get('outcome', 'failed')})")
-            keep = ("validates", "probe", "workload_override")
-            extra = {k: t.user_attrs[k] for k in keep if k in t.user_attrs}
-            override = t.user_attrs.get("workload_override")
+            self.progress.message(f"retrying trial {t.number} ({r.outcome or 'failed'})")
+            kept = {"validates": r.validates, "probe": r.probe, "workload_override": r.workload_override}
+            extra = {k: v for k, v in kept.items() if v is not None}
+            override = r.workload_override
             workload = Workload.model_validate(as_given(Workload, override)) if override else None
             self.run(
-                t.user_attrs["stage"],
-                explicit=t.user_attrs["params"],
+                r.stage,
+                explicit=r.params,
                 workload=workload,
-                extra={**extra, "attempt": attempts + 1, "retry_of": t.number},
+                extra={**extra, "attempt": r.attempt + 1, "retry_of": t.number},
             )
 
     def baseline(self) -> None:
         if self.job.study.baseline and not self.finished(STAGE_BASELINE) and not self.out_of_time():
             self.run(STAGE_BASELINE)
 
-    def search(
-        self, space: SearchSpace, quota: int, stage: str = STAGE_SEARCH, fixed: Mapping[str, Any] | None = None
-    ) -> None:
-        while len(self.finished(stage)) < quota and not self.out_of_time():
-            self.run(stage, explicit=fixed, sample=space)
-            self.retry_failed()
-
-    def validate(self) -> None:
-        """Re-run the top finalists with fresh engines, interleaved with runs of the engine's
-        defaults, and rank them by the median value.
-
-        Round by round (defaults, finalist 1, finalist 2, defaults, ...), so each finalist's gain
-        is a paired comparison made under the same machine conditions as the defaults beside it.
-        """
-        cfg = self.job.study
-        if cfg.finalists == 0 or cfg.validation_runs == 0:
-            return
-        finalists = self.finalists(cfg.finalists)
-        groups: list[tuple[int | str, Mapping[str, Any]]] = [(f.number, f.user_attrs["params"]) for f in finalists]
-        # The defaults' runs: a finalist's own when the defaults are a finalist, else runs of their own.
-        defaults_key = next((key for key, params in groups if not params), DEFAULTS)
-        if cfg.baseline and defaults_key == DEFAULTS:
+    def validation_groups(self, finalists: list[FrozenTrial]) -> list[tuple[int | str, dict[str, Any]]]:
+        """(key, params) of each configuration validation re-runs: the finalists, and the engine's
+        defaults beside them (key :data:`DEFAULTS`) unless a finalist is the defaults."""
+        groups: list[tuple[int | str, dict[str, Any]]] = [(f.number, trial_record(f).params or {}) for f in finalists]
+        if self.job.study.baseline and all(params for _, params in groups):
             groups.insert(0, (DEFAULTS, {}))
-        for round_ in range(cfg.validation_runs):
-            for key, params in groups:
-                if len(self.validation_runs(key)) <= round_ and not self.out_of_time():
-                    self.run(STAGE_VALIDATION, explicit=params, extra={"validates": key})
+        return groups
+
+    def store_validation(self, finalists: list[FrozenTrial]) -> None:
+        """Once the re-runs are done: each finalist's median and spread, and the verdict against
+        the defaults' runs of the same rounds."""
         for finalist in finalists:
             self._store_validation(finalist)
+        defaults_key = next((f.number for f in finalists if not trial_record(f).params), DEFAULTS)
         self._store_verdict(finalists, defaults_key)
 
     def validation_runs(self, key: int | str) -> list[FrozenTrial]:
         """Finished validation runs of one finalist (its number) or of the defaults (:data:`DEFAULTS`)."""
-        return [t for t in self.finished(STAGE_VALIDATION) if t.user_attrs.get("validates") == key]
+        return [t for t in self.finished(STAGE_VALIDATION) if trial_record(t).validates == key]
 
     def _store_verdict(self, finalists: list[FrozenTrial], defaults_key: int | str) -> None:
         """Whether the best finalist beats the defaults beyond the noise of the paired runs."""
@@ -361,8 +358,8 @@ class StudyRun:
             return
         sign = 1.0 if self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
         pairs = paired_gains(self.validation_runs(defaults_key), self.validation_runs(best.number), sign)
-        is_defaults = not best.user_attrs.get("params")
-        self.study.set_user_attr("verdict", paired_verdict(best.number, pairs, winner_is_defaults=is_defaults))
+        is_defaults = not trial_record(best).params
+        set_verdict(self.study, paired_verdict(best.number, pairs, winner_is_defaults=is_defaults))
 
     def finalists(self, n: int) -> list[FrozenTrial]:
         candidates = feasible_trials(self.study)
@@ -370,8 +367,8 @@ class StudyRun:
         return sorted(candidates, key=lambda t: primary_value(t) or 0.0, reverse=maximize)[:n]
 
     def _store_validation(self, finalist: FrozenTrial) -> None:
-        runs = [t for t in self.finished(STAGE_VALIDATION) if t.user_attrs.get("validates") == finalist.number]
-        ok = [is_feasible(t.user_attrs.get("outcome"), t.user_attrs.get("constraints")) for t in runs]
+        runs = self.validation_runs(finalist.number)
+        ok = [is_feasible(r.outcome, r.constraints) for r in trial_records(runs)]
         values = [float(primary_value(finalist) or 0.0)]
         values += [float(primary_value(t) or 0.0) if good else 0.0 for t, good in zip(runs, ok, strict=True)]
         median = statistics.median(values)
@@ -382,6 +379,4 @@ class StudyRun:
             # A finalist that fails any re-run is not a safe deployment: it cannot win.
             "stable": all(ok),
         }
-        checked = {str(k): v for k, v in validation(self.study).items()}
-        checked[str(finalist.number)] = record
-        self.study.set_user_attr("validation", checked)
+        set_validation(self.study, {**validation(self.study), finalist.number: record})

@@ -25,6 +25,7 @@ from typing import Any
 from autotune.config import CategoricalParam, FloatParam, IntParam, SearchSpace, Workload
 from autotune.outcomes import Outcome
 from autotune.runtime.hostmem import GIB, NodeMemory, node_memory
+from autotune.search.record import StageState, set_memory_edge, trial_record, trial_records
 from autotune.search.runner import StudyRun
 from autotune.search.storage import primary_value
 
@@ -35,7 +36,6 @@ __all__ = [
     "memory_verdict",
     "peak_workload",
     "plan_budget",
-    "run_staged",
     "scenario_of",
     "sequential_stages",
     "skip_stage",
@@ -138,17 +138,15 @@ def _memory_semantics(run: StudyRun) -> tuple[float, float, str]:
 
 
 def _engine_version(run: StudyRun) -> str | None:
-    for t in run.trials():
-        v = (t.user_attrs.get("facts") or {}).get("engine_version")
+    for r in trial_records(run.trials()):
+        v = r.facts.get("engine_version")
         if v:
             return str(v)
     return None
 
 
 def _on_cpu(run: StudyRun) -> bool:
-    return run.adapter.runs_on_cpu() or any(
-        (t.user_attrs.get("facts") or {}).get("kv_device") == "cpu" for t in run.trials()
-    )
+    return run.adapter.runs_on_cpu() or any(r.facts.get("kv_device") == "cpu" for r in trial_records(run.trials()))
 
 
 def _cpu_ceiling(run: StudyRun) -> tuple[float, NodeMemory]:
@@ -161,8 +159,8 @@ def _cpu_ceiling(run: StudyRun) -> tuple[float, NodeMemory]:
 def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> float | None:
     """Find the highest memory fraction that survives the peak load; returns it (or None)."""
     state = run.stage_state("memory_edge")
-    if state is not None and state.get("done"):
-        return state.get("edge")
+    if state is not None and state.done:
+        return state.edge
     if MEMORY not in run.job.space.params:
         skip_stage(run, "memory_edge", "the search space has no memory_fraction")
         return None
@@ -199,20 +197,18 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
     pool = _pool_at(run, edge)
     run.set_stage_state(
         "memory_edge",
-        {
-            "done": True,
-            "edge": edge,
-            "results": {str(k): v for k, v in results.items()},
-            "key": key,
-            "mode": mode,
-            "note": note,
-            **({"ceiling": high} if cpu and high < _space_high(run) else {}),  # the host, not the space, capped it
-            **({"kv_cache_memory_bytes": pool} if pool else {}),
-        },
+        StageState(
+            done=True,
+            edge=edge,
+            results={str(k): v for k, v in results.items()},
+            key=key,
+            mode=mode,
+            note=note,
+            ceiling=high if cpu and high < _space_high(run) else None,  # the host, not the space, capped it
+            kv_cache_memory_bytes=pool or None,
+        ),
     )
-    edges = dict(run.study.user_attrs.get("memory_edges", {}))
-    edges[key] = edge
-    run.study.set_user_attr("memory_edges", edges)
+    set_memory_edge(run.study, key, edge)
     run.progress.message(_edge_line(edge, results, key, pool) + capped)
     return edge
 
@@ -242,9 +238,9 @@ def _space_high(run: StudyRun) -> float:
 
 def _pool_at(run: StudyRun, fraction: float | None) -> int | None:
     """The KV pool in bytes that the engine logged at this probe (for ``kv_cache_memory_bytes``)."""
-    for t in run.finished("memory_edge"):
-        gib = (t.user_attrs.get("facts") or {}).get("kv_gib")
-        if fraction is not None and t.user_attrs.get("probe") == fraction and gib:
+    for r in trial_records(run.finished("memory_edge")):
+        gib = r.facts.get("kv_gib")
+        if fraction is not None and r.probe == fraction and gib:
             return int(float(gib) * GIB)
     return None
 
@@ -265,10 +261,10 @@ def _edge_line(edge: float | None, results: Mapping[float, str], key: str, pool:
 
 def _probe_results(run: StudyRun) -> dict[float, str]:
     out: dict[float, str] = {}
-    for t in run.finished("memory_edge"):
-        verdict = memory_verdict(str(t.user_attrs.get("outcome")), t.user_attrs.get("facts") or {})
-        if verdict != "failed" and "probe" in t.user_attrs:
-            out[float(t.user_attrs["probe"])] = verdict
+    for r in trial_records(run.finished("memory_edge")):
+        verdict = memory_verdict(str(r.outcome), r.facts)
+        if verdict != "failed" and r.probe is not None:
+            out[float(r.probe)] = verdict
     return out
 
 
@@ -304,8 +300,8 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float) -> dict[str, 
     """Walk the captured max batch up (256 → 512 → 768 …) giving back 0.02 of memory per step;
     keep a larger size only when throughput beats the current best by more than the noise."""
     state = run.stage_state("cuda_graph")
-    if state is not None and state.get("done"):
-        return dict(state.get("fixed", {}))
+    if state is not None and state.done:
+        return dict(state.fixed or {})
     sizes = graph_sizes(run.job.space)
     if not sizes:
         skip_stage(run, "cuda_graph", "the search space has no cuda_graph_max_bs")
@@ -336,7 +332,7 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float) -> dict[str, 
             )
             break
     decision = {k: v for k, v in (best or {}).items() if k in (GRAPH, MEMORY)}
-    run.set_stage_state("cuda_graph", {"done": True, "fixed": decision, "noise": noise})
+    run.set_stage_state("cuda_graph", StageState(done=True, fixed=decision, noise=noise))
     return decision
 
 
@@ -374,8 +370,9 @@ def _graph_verdict(outcome: str, value: float, best: float, noise: float, keep: 
 def _existing(run: StudyRun, stage: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
     """A finished trial of this stage with these params (so a resume does not repeat it)."""
     for t in run.finished(stage):
-        if t.user_attrs.get("params") == dict(params):
-            return {"value": primary_value(t), "outcome": t.user_attrs.get("outcome")}
+        r = trial_record(t)
+        if r.params == dict(params):
+            return {"value": primary_value(t), "outcome": r.outcome}
     return None
 
 
@@ -429,25 +426,6 @@ def conservativeness_hint(facts: Mapping[str, Any], current: float) -> float | N
     return None
 
 
-def scenario_search(run: StudyRun, quota: int, fixed: dict[str, Any]) -> None:
-    space = run.job.space
-    rest = SearchSpace(params={k: v for k, v in space.params.items() if k not in fixed})
-    if not rest.params:
-        skip_stage(run, "scenario", "every knob of the space was decided by earlier stages")
-        return
-    hint: dict[str, Any] | None = None
-    if not run.finished("scenario"):
-        scenario = scenario_of(run.job.workload)
-        hint = snap_to_space(rest, SCENARIOS[scenario])
-        run.progress.message(
-            f"scenario search ({scenario} workload): first trial from the articles' {hint or 'defaults'}"
-        )
-    while len(run.finished("scenario")) < quota and not run.out_of_time():
-        result = run.run("scenario", explicit=fixed, sample=rest, hint=hint)
-        hint = conservativeness_next(run, rest, result.facts, result.flags)
-        run.retry_failed()
-
-
 def conservativeness_next(
     run: StudyRun, rest: SearchSpace, facts: Mapping[str, Any], flags: Mapping[str, Any]
 ) -> dict[str, Any] | None:
@@ -466,8 +444,8 @@ def conservativeness_next(
 # ------------------------------------------------------------------------------ context
 def context(run: StudyRun, fixed: dict[str, Any]) -> dict[str, Any]:
     state = run.stage_state("context")
-    if state is not None and state.get("done"):
-        return dict(state.get("fixed", {}))
+    if state is not None and state.done:
+        return dict(state.fixed or {})
     if CONTEXT not in run.adapter.knobs:
         skip_stage(run, "context", f"{run.adapter.name} has no context-length flag")
         return {}
@@ -484,7 +462,7 @@ def context(run: StudyRun, fixed: dict[str, Any]) -> dict[str, Any]:
     choice = {**fixed, CONTEXT: length}
     result = _existing(run, "context", choice) or run.run("context", explicit=choice).summary()
     decision = {CONTEXT: length} if result["outcome"] in (Outcome.OK, Outcome.SLO_VIOLATION) else {}
-    run.set_stage_state("context", {"done": True, "fixed": decision})
+    run.set_stage_state("context", StageState(done=True, fixed=decision))
     return decision
 
 
@@ -492,24 +470,17 @@ def skip_stage(run: StudyRun, stage: str, why: str) -> None:
     """Record ``stage`` as done-by-skipping (once) and say why."""
     if run.stage_state(stage) is None:
         run.progress.message(f"{stage}: skipped — {why}")
-        run.set_stage_state(stage, {"done": True, "skipped": why})
+        run.set_stage_state(stage, StageState(done=True, skipped=why))
 
 
 def _noise(run: StudyRun) -> float:
     """Relative run-to-run noise: the largest spread seen on the objective, at least 3 %."""
     metric = run.job.workload.objective.metric
-    spreads = [float((t.user_attrs.get("spread") or {}).get(metric, 0.0)) for t in run.trials()]
+    spreads = [float(r.spread.get(metric, 0.0)) for r in trial_records(run.trials())]
     return max([0.03, *spreads])
 
 
-# ------------------------------------------------------------------------------ orchestration
-def run_staged(run: StudyRun, memory_mode: str = "step") -> None:
-    budget = plan_budget(run.job.study.trials, run.job.space)
-    fixed = sequential_stages(run, budget, memory_mode)
-    scenario_search(run, budget["scenario"], fixed)
-    run.validate()
-
-
+# ------------------------------------------------------------------------------ the sequential stages
 def sequential_stages(run: StudyRun, budget: Mapping[str, int], memory_mode: str) -> dict[str, Any]:
     """Baseline, context, memory edge and graph coverage — each step needs the one before — and
     the flags they decided. Stages already done only return their stored decision."""

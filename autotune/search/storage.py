@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.storages import RDBStorage
@@ -15,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StudyError
 from autotune.search.objective import is_feasible
+from autotune.search.record import INTERRUPTED, TrialRecord, trial_records, validation
 
 __all__ = [
     "best_trial",
@@ -27,7 +27,6 @@ __all__ = [
     "primary_value",
     "study_dir",
     "superseded",
-    "validation",
 ]
 
 log = logging.getLogger(__name__)
@@ -125,32 +124,24 @@ def fail_stale_running(study: optuna.Study) -> list[FrozenTrial]:
     storage = study._storage
     stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
     for t in stale:
-        storage.set_trial_user_attr(t._trial_id, "outcome", "interrupted")
+        storage.set_trial_user_attr(t._trial_id, "outcome", INTERRUPTED)
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
     return stale
 
 
-def validation(study: optuna.Study) -> dict[int, dict[str, Any]]:
-    """Finalist number → {values, median, spread, stable} from the validation stage.
-
-    Kept in the study's attributes: Optuna forbids changing a trial once it is finished."""
-    return {int(k): v for k, v in study.user_attrs.get("validation", {}).items()}
-
-
 def superseded(trials: list[FrozenTrial]) -> set[int]:
     """Numbers of failed trials that a later retry replaced (the retry carries ``retry_of``)."""
-    return {int(t.user_attrs["retry_of"]) for t in trials if "retry_of" in t.user_attrs}
+    return {r.retry_of for r in trial_records(trials) if r.retry_of is not None}
 
 
 def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
     """Served trials that met every SLO, under the workload itself (not a probe's peak load)."""
-    return [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.user_attrs.get("stage") != "validation"
-        and not t.user_attrs.get("workload_override")
-        and is_feasible(t.user_attrs.get("outcome"), t.user_attrs.get("constraints"))
-    ]
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return [t for t, r in zip(complete, trial_records(complete), strict=True) if _feasible_search_run(r)]
+
+
+def _feasible_search_run(r: TrialRecord) -> bool:
+    return r.stage != "validation" and not r.is_probe and is_feasible(r.outcome, r.constraints)
 
 
 def primary_value(trial: FrozenTrial) -> float | None:

@@ -177,7 +177,12 @@ class _Trial:
 
     def launch_spec(self) -> LaunchSpec:
         spec = self.adapter.build_launch(self.spec.flags, free_port(self.adapter.settings.host))
-        record = {"argv": spec.argv, "env": {**spec.env, **self.spec.env}, "measurement": self.measurement}
+        record = {
+            "schema_version": SCHEMA_VERSION,
+            "argv": spec.argv,
+            "env": {**spec.env, **self.spec.env},
+            "measurement": self.measurement,
+        }
         _write_json(self.spec.trial_dir / "argv.json", record)
         return spec
 

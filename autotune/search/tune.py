@@ -7,6 +7,7 @@ requested number of search trials has finished.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,11 +26,18 @@ from autotune.engines import get_adapter
 from autotune.engines.base import EngineAdapter
 from autotune.errors import ConfigError, StudyError
 from autotune.runtime.reaper import reap_process_groups
+from autotune.search.manifest import write_manifest
 from autotune.search.objective import rate_bound_note
-from autotune.search.parallel import run_scaled, scales_out
+from autotune.search.parallel import orchestrate
 from autotune.search.progress import NullProgress, Progress
+from autotune.search.record import (
+    check_record_version,
+    set_study_config,
+    study_config,
+    study_fingerprint,
+    trial_records,
+)
 from autotune.search.runner import STAGE_SEARCH, StudyRun
-from autotune.search.stages import memory_edge, run_staged
 from autotune.search.storage import (
     best_trial,
     default_storage_url,
@@ -70,6 +78,15 @@ class TuneJob:
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def config(self) -> dict[str, Any]:
+        """The job as stored with its study: everything but the engine's environment (secrets)."""
+        return {
+            "engine": self.engine.model_dump(mode="json", exclude={"env"}),
+            "space": self.space.model_dump(mode="json"),
+            "workload": self.workload.model_dump(mode="json"),
+            "study": self.study.model_dump(mode="json"),
+        }
 
 
 # ------------------------------------------------------------------------------ input checks
@@ -148,18 +165,10 @@ def make_sampler(cfg: StudySettings) -> optuna.samplers.BaseSampler:
 
 def _resume(study: optuna.Study, job: TuneJob, progress: Progress) -> None:
     """Adopt a study left by an earlier run: check it is the same job, reap its engines."""
-    fingerprint = study.user_attrs.get("fingerprint")
+    check_record_version(study)
+    fingerprint = study_fingerprint(study)
     if fingerprint is None:
-        study.set_user_attr("fingerprint", job.fingerprint())
-        study.set_user_attr(
-            "config",
-            {
-                "engine": job.engine.model_dump(mode="json", exclude={"env"}),
-                "space": job.space.model_dump(mode="json"),
-                "workload": job.workload.model_dump(mode="json"),
-                "study": job.study.model_dump(mode="json"),
-            },
-        )
+        set_study_config(study, job.fingerprint(), job.config())
     elif fingerprint != job.fingerprint():
         raise StudyError(
             f"study {job.study.name!r} was created with a different engine/space/workload; "
@@ -167,11 +176,8 @@ def _resume(study: optuna.Study, job: TuneJob, progress: Progress) -> None:
         )
     # On a shared storage the workers' heartbeats fail and retry a dead worker's trials (parallel.py).
     stale = fail_stale_running(study) if job.storage_url.startswith("sqlite") else []
-    pgids = [
-        int(t.user_attrs["engine_pgid"])
-        for t in stale
-        if "engine_pgid" in t.user_attrs and t.user_attrs.get("host") == socket.gethostname()
-    ]
+    here = socket.gethostname()
+    pgids = [r.engine_pgid for r in trial_records(stale) if r.engine_pgid is not None and r.host == here]
     reaped = reap_process_groups(pgids)
     if stale:
         progress.message(f"resumed: {len(stale)} interrupted trial(s) marked failed, {len(reaped)} engine(s) reaped")
@@ -186,7 +192,7 @@ def join_job(name: str, storage_url: str, *, engine: Mapping[str, Any], study: M
     Raises:
         StudyError: When the study does not exist or was not created by ``autotune tune``.
     """
-    config = load_study(name, storage_url).user_attrs.get("config")
+    config = study_config(load_study(name, storage_url))
     if not config:
         raise StudyError(f"study {name!r} holds no autotune job; start it with `autotune tune` first")
     return TuneJob(
@@ -213,20 +219,19 @@ def run_study(job: TuneJob, progress: Progress | None = None) -> FrozenTrial | N
     )
     job.dir.mkdir(parents=True, exist_ok=True)
     _resume(study, job, progress)
+    engine = {"name": adapter.name, "simulated": job.engine.simulated}
+    write_manifest(job.dir, study, engine, job.config())
+    try:
+        return _run_method(job, adapter, study, progress)
+    finally:
+        with contextlib.suppress(Exception):  # the run's own error (or Ctrl-C) is the one to report
+            write_manifest(job.dir, study, engine, job.config())
+
+
+def _run_method(job: TuneJob, adapter: EngineAdapter, study: optuna.Study, progress: Progress) -> FrozenTrial | None:
     run = StudyRun(job, adapter, study, progress)
     progress.study_started(job.study.name, job.study.trials, len(run.finished(STAGE_SEARCH)))
     if note := rate_bound_note(job.workload):
         progress.message(note)
-    if scales_out(job):
-        run_scaled(run)
-    elif job.study.method == "staged":
-        run_staged(run, job.study.memory_probe)
-    elif job.study.method == "memory":
-        run.baseline()
-        memory_edge(run, job.study.trials, {}, job.study.memory_probe)
-    else:
-        run.retry_failed()
-        run.baseline()
-        run.search(job.space, job.study.trials)
-        run.validate()
+    orchestrate(run)
     return best_trial(study)

@@ -13,13 +13,15 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from autotune.search.objective import is_feasible
+from autotune.search.record import trial_record
 from autotune.search.storage import primary_value
 
 __all__ = ["paired_gains", "paired_verdict"]
 
 
 def _value(t: FrozenTrial) -> float | None:
-    feasible = is_feasible(t.user_attrs.get("outcome"), t.user_attrs.get("constraints"))
+    r = trial_record(t)
+    feasible = is_feasible(r.outcome, r.constraints)
     return float(primary_value(t) or 0.0) if feasible and t.values else None
 
 

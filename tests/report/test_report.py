@@ -27,6 +27,7 @@ from autotune.report import summary as summary_module
 from autotune.report.html import write_report
 from autotune.report.plots import pareto
 from autotune.report.summary import CDF_POINTS, _empirical, summarize
+from autotune.search.record import trial_record
 from autotune.search.storage import default_storage_url, load_study
 
 STUDY = "nightly"
@@ -423,4 +424,4 @@ def test_a_flag_the_engine_lowered_is_shown_and_read_as_the_value_it_used() -> N
     rows = {r.flag: r for r in summary_module._flag_rows(baseline, winner)}
     assert rows["--max-running-requests"].winner == "128 (engine used 40)"
     assert rows["--chunked-prefill-size"].winner == "4096"
-    assert summary_module.knob_value(dict(winner.user_attrs), "max_running") == 40
+    assert summary_module.knob_value(trial_record(winner), "max_running") == 40

@@ -18,7 +18,8 @@ import pytest
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
 from autotune.errors import ConfigError
 from autotune.search import trial as trial_module
-from autotune.search.storage import best_trial, load_study, superseded, validation
+from autotune.search.record import validation
+from autotune.search.storage import best_trial, load_study, superseded
 from autotune.search.tune import TuneJob, run_study
 
 pytestmark = pytest.mark.slow
@@ -92,6 +93,13 @@ def test_search_study_completes_and_exports(tmp_path: Path) -> None:
     argv = best.user_attrs["argv"]
     for flag, value in best.user_attrs["flags"].items():
         assert argv[argv.index(flag) + 1] == str(value)
+    # the study's manifest says what ran where, with the engine version its trials reported
+    manifest = json.loads((job.dir / "manifest.json").read_text())
+    assert manifest["schema_version"] == 1 and manifest["study"] == "t"
+    assert manifest["engine"]["name"] == "vllm" and manifest["engine"]["simulated"] is True
+    assert manifest["engine"]["versions"] == sorted({t.user_attrs["facts"]["engine_version"] for t in study.trials})
+    assert manifest["config"]["workload"]["name"] == "sim-small"
+    assert manifest["host"]["cpu"]["cores"] == os.cpu_count() and manifest["host"]["python"]
 
 
 def test_unstartable_flags_are_classified_and_never_best(tmp_path: Path) -> None:
