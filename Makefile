@@ -36,6 +36,7 @@ demo-sim: setup
 lint: setup
 	$(VENV)/bin/ruff check autotune autotune_sim tests benchmarks
 	$(VENV)/bin/mypy autotune autotune_sim
+	$(VENV)/bin/mypy --strict autotune/search autotune/engines
 
 unit: setup
 	$(VENV)/bin/pytest -q -m "not real_engine"

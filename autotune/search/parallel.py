@@ -40,6 +40,7 @@ from autotune.errors import ConfigError
 from autotune.runtime.allocator import AllocatorClosed, GpuAllocator
 from autotune.runtime.gpu import default_backend, list_gpus
 from autotune.search.coordination import Coordinator
+from autotune.search.job import TuneJob
 from autotune.search.progress import Progress
 from autotune.search.record import trial_record
 from autotune.search.runner import STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun
@@ -94,7 +95,7 @@ def _value_range(param: Any) -> tuple[int, int] | None:
     return None
 
 
-def size_bounds(job: Any, adapter: EngineAdapter) -> tuple[int, int]:
+def size_bounds(job: TuneJob, adapter: EngineAdapter) -> tuple[int, int]:
     """The smallest and largest GPU group any trial of the job can need."""
     fixed = adapter.to_flags({**job.engine.fixed_flags, **job.space.fixed})
     low = high = 1
@@ -128,7 +129,7 @@ def _no_env(flags: dict[str, Any]) -> contextlib.AbstractContextManager[Mapping[
     return contextlib.nullcontext({})
 
 
-def plan_slots(job: Any, adapter: EngineAdapter) -> Slots:
+def plan_slots(job: TuneJob, adapter: EngineAdapter) -> Slots:
     """Size the box: free GPUs (NVML, or ``AUTOTUNE_FAKE_GPUS``) and group sizes, else CPU cores.
     One trial at a time with no ``--gpus``: one slot, and the engine sees the GPUs it would
     see without autotune.

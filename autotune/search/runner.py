@@ -33,6 +33,7 @@ from autotune.outcomes import Outcome
 from autotune.runtime.cpuset import plan_partition
 from autotune.runtime.gpu import wait_pids_released
 from autotune.search.diagnosis import WHERE
+from autotune.search.job import TuneJob
 from autotune.search.objective import is_feasible
 from autotune.search.progress import Progress
 from autotune.search.record import (
@@ -99,14 +100,14 @@ def _fits(dist: BaseDistribution, value: Any) -> bool:
 
 
 class StudyRun:
-    """Trial plumbing shared by every stage. ``job`` is a :class:`autotune.search.tune.TuneJob`.
+    """Trial plumbing shared by every stage.
 
     :meth:`run` may be called from several threads at once (``autotune.search.parallel``): the
     ask-and-sample step is serialised, ``placement`` gives each trial its own resources, and
     ``claim_retry`` decides which worker re-runs a failed trial.
     """
 
-    def __init__(self, job: Any, adapter: EngineAdapter, study: optuna.Study, progress: Progress):
+    def __init__(self, job: TuneJob, adapter: EngineAdapter, study: optuna.Study, progress: Progress):
         self.job, self.adapter, self.study, self.progress = job, adapter, study, progress
         self.deadline = time.monotonic() + job.study.time_budget_s if job.study.time_budget_s else None
         self.worker = worker_id()

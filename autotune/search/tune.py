@@ -8,12 +8,10 @@ requested number of search trials has finished.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from autotune.engines import get_adapter
 from autotune.engines.base import EngineAdapter
 from autotune.errors import ConfigError, StudyError
 from autotune.runtime.reaper import reap_process_groups
+from autotune.search.job import TuneJob
 from autotune.search.manifest import write_manifest
 from autotune.search.objective import rate_bound_note
 from autotune.search.parallel import orchestrate
@@ -40,53 +39,14 @@ from autotune.search.record import (
 from autotune.search.runner import STAGE_SEARCH, StudyRun
 from autotune.search.storage import (
     best_trial,
-    default_storage_url,
     fail_stale_running,
     load_study,
     open_study,
-    study_dir,
 )
 
 __all__ = ["TuneJob", "check_job", "join_job", "make_sampler", "run_study"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TuneJob:
-    engine: EngineSettings
-    space: SearchSpace
-    workload: Workload
-    study: StudySettings
-
-    @property
-    def storage_url(self) -> str:
-        return self.study.storage or default_storage_url(self.study.results_dir, self.study.name)
-
-    @property
-    def dir(self) -> Path:
-        return study_dir(self.study.results_dir, self.study.name)
-
-    def fingerprint(self) -> str:
-        """What must not change between a study's runs (engine kind/model, space, workload)."""
-        blob = json.dumps(
-            {
-                "engine": [self.engine.kind, self.engine.model],
-                "space": self.space.model_dump(mode="json"),
-                "workload": self.workload.model_dump(mode="json"),
-            },
-            sort_keys=True,
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-    def config(self) -> dict[str, Any]:
-        """The job as stored with its study: everything but the engine's environment (secrets)."""
-        return {
-            "engine": self.engine.model_dump(mode="json", exclude={"env"}),
-            "space": self.space.model_dump(mode="json"),
-            "workload": self.workload.model_dump(mode="json"),
-            "study": self.study.model_dump(mode="json"),
-        }
 
 
 # ------------------------------------------------------------------------------ input checks
