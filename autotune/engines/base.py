@@ -297,6 +297,8 @@ class EngineAdapter(ABC):
     cpu_image: ClassVar[ContainerImage | None] = None
     #: the command before the engine's args in that image (empty: the image's entry point serves)
     container_command: ClassVar[tuple[str, ...]] = ()
+    #: every spelling the engine accepts of the parallel sizes whose product is its GPU count
+    parallel_flags: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
     def __init__(self, settings: EngineSettings):
         self.settings = settings
@@ -367,6 +369,18 @@ class EngineAdapter(ABC):
         return None
 
     # --------------------------------------------------------------------------------- flags
+    def parallel_size(self, flags: Mapping[str, Any], knob: str) -> int | None:
+        """The parallel size ``knob`` (``tensor_parallel``, ``pipeline_parallel``,
+        ``data_parallel``) the flags set under any of its spellings; None when unset."""
+        return next((int(flags[f]) for f in self.parallel_flags.get(knob, ()) if flags.get(f) is not None), None)
+
+    def gpu_count(self, flags: Mapping[str, Any]) -> int:
+        """GPUs an engine launched with ``flags`` uses: TP × PP × DP (1 when none is set)."""
+        count = 1
+        for knob in self.parallel_flags:
+            count *= self.parallel_size(flags, knob) or 1
+        return count
+
     def to_flags(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Portable knobs and raw flag names → canonical dialect flags. A knob this dialect has
         no flag for is a ConfigError-grade problem and raises InvalidFlags."""

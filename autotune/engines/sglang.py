@@ -478,13 +478,22 @@ class SglangAdapter(EngineAdapter):
     """SGLang (``python -m sglang.launch_server``), old and new flag sets alike.
 
     Portable knobs resolve to the installed version's spelling; ``cuda_graph_max_bs`` becomes
-    ``--cuda-graph-max-bs-decode`` on 0.5.23+ and ``--cuda-graph-max-bs`` before. A raw flag
+    ``--cuda-graph-max-bs-decode`` from 0.5.15 and ``--cuda-graph-max-bs`` before (a deprecated
+    alias from 0.5.15, removed in 0.5.20). A raw flag
     written for the other version is refused before launch with a one-line message naming the
     replacement; a deprecated flag is accepted with a logged warning.
     """
 
     name: ClassVar[str] = "sglang"
     default_module: ClassVar[str] = "sglang.launch_server"
+    # argparse's prefix matching lets users write --tp / --dp; recorded flags are the full ones.
+    parallel_flags: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+        {
+            "tensor_parallel": ("--tp-size", "--tensor-parallel-size", "--tp"),
+            "pipeline_parallel": ("--pp-size", "--pipeline-parallel-size", "--pp"),
+            "data_parallel": ("--dp-size", "--data-parallel-size", "--dp"),
+        }
+    )
     #: Portable knob → flag on the newest SGLang; see ``knob_spellings`` for older versions.
     knobs: ClassVar[Mapping[str, str]] = MappingProxyType(
         {

@@ -336,6 +336,13 @@ class VllmAdapter(EngineAdapter):
             "running": ("vllm:num_requests_running",),
         }
     )
+    parallel_flags: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+        {
+            "tensor_parallel": ("--tensor-parallel-size", "-tp"),
+            "pipeline_parallel": ("--pipeline-parallel-size", "-pp"),
+            "data_parallel": ("--data-parallel-size", "-dp"),
+        }
+    )
     knobs: ClassVar[Mapping[str, str]] = MappingProxyType(
         {
             "memory_fraction": "--gpu-memory-utilization",

@@ -56,36 +56,16 @@ from autotune.search.stages import (
 )
 from autotune.search.storage import superseded
 
-__all__ = ["Slots", "gpus_per_trial", "orchestrate", "plan_slots"]
+__all__ = ["Slots", "orchestrate", "plan_slots"]
 
 log = logging.getLogger(__name__)
 
 #: CPU cores one trial keeps busy without a GPU: the engine and the load generator.
 CORES_PER_CPU_TRIAL = 2
-#: Spellings of the parallel sizes whose product is a trial's GPU count, besides the adapter's knobs.
-_SIZE_FLAGS = {
-    "tensor_parallel": ("--tensor-parallel-size", "--tp-size", "--tp"),
-    "pipeline_parallel": ("--pipeline-parallel-size", "--pp-size", "--pp"),
-    "data_parallel": ("--data-parallel-size", "--dp-size", "--dp"),
-}
 _POLL_S = 1.0
 
 
 # ------------------------------------------------------------------------------ group sizes
-def _size_flags(adapter: EngineAdapter, knob: str) -> tuple[str, ...]:
-    own = adapter.knobs.get(knob)
-    return (own, *_SIZE_FLAGS[knob]) if own else _SIZE_FLAGS[knob]
-
-
-def gpus_per_trial(adapter: EngineAdapter, flags: Mapping[str, Any]) -> int:
-    """GPUs an engine launched with ``flags`` uses: TP × PP × DP (1 when none is set)."""
-    size = 1
-    for knob in _SIZE_FLAGS:
-        value = next((flags[f] for f in _size_flags(adapter, knob) if flags.get(f) is not None), 1)
-        size *= int(value)
-    return size
-
-
 def _value_range(param: Any) -> tuple[int, int] | None:
     if isinstance(param, IntParam):
         return param.low, param.high
@@ -99,8 +79,7 @@ def size_bounds(job: TuneJob, adapter: EngineAdapter) -> tuple[int, int]:
     """The smallest and largest GPU group any trial of the job can need."""
     fixed = adapter.to_flags({**job.engine.fixed_flags, **job.space.fixed})
     low = high = 1
-    for knob in _SIZE_FLAGS:
-        names = _size_flags(adapter, knob)
+    for knob, names in adapter.parallel_flags.items():
         searched = [
             r
             for name, p in job.space.params.items()
@@ -109,7 +88,7 @@ def size_bounds(job: TuneJob, adapter: EngineAdapter) -> tuple[int, int]:
         if searched:
             low, high = low * searched[0][0], high * searched[0][1]
         else:
-            value = int(next((fixed[f] for f in names if fixed.get(f) is not None), 1))
+            value = adapter.parallel_size(fixed, knob) or 1
             low, high = low * value, high * value
     return low, high
 
@@ -170,7 +149,7 @@ def plan_slots(job: TuneJob, adapter: EngineAdapter) -> Slots:
 
     @contextlib.contextmanager
     def on_group(flags: dict[str, Any]) -> Iterator[Mapping[str, str]]:
-        with allocator.lease(gpus_per_trial(adapter, flags)) as group:
+        with allocator.lease(adapter.gpu_count(flags)) as group:
             yield group.env()
 
     return Slots(count, on_group, allocator, note)

@@ -733,3 +733,13 @@ def test_resolved_args_errors_are_one_line(info_server: tuple[str, type[_InfoHan
         make_adapter(NEW).resolved_args(url)
     with pytest.raises(EngineError, match=r"failed \(ConnectError\)"):
         make_adapter(NEW).resolved_args("http://127.0.0.1:9", timeout_s=2)
+
+
+def test_gpu_count_reads_every_spelling_each_engine_accepts(any_version: str) -> None:
+    sglang = make_adapter(any_version)
+    assert sglang.gpu_count({}) == 1
+    assert sglang.gpu_count({"--tp-size": 2, "--dp": 2}) == 4  # argparse prefix --dp for --dp-size
+    assert sglang.gpu_count({"--tp": 4, "--pp-size": 2, "--max-running-requests": 64}) == 8
+    vllm = VllmAdapter(EngineSettings(kind="vllm", model="m"))
+    assert vllm.gpu_count({"-tp": 2, "--pipeline-parallel-size": 2}) == 4
+    assert vllm.gpu_count({"--tp-size": 8}) == 1  # an SGLang spelling is not vLLM's

@@ -25,7 +25,7 @@ from autotune.engines import get_adapter
 from autotune.errors import ConfigError
 from autotune.runtime import gpu
 from autotune.runtime.gpu import FAKE_GPUS_ENV
-from autotune.search.parallel import gpus_per_trial, plan_slots, size_bounds
+from autotune.search.parallel import plan_slots, size_bounds
 from autotune.search.storage import load_study
 from autotune.search.tune import TuneJob, run_study
 
@@ -84,10 +84,10 @@ def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Any:
 # ------------------------------------------------------------------------------ sizing
 def test_a_trial_needs_tp_times_pp_times_dp_gpus(tmp_path: Path) -> None:
     adapter = get_adapter(_job(tmp_path, TP_SPACE).engine)
-    assert gpus_per_trial(adapter, {}) == 1
-    assert gpus_per_trial(adapter, {"--tensor-parallel-size": 2, "--max-num-seqs": 64}) == 2
+    assert adapter.gpu_count({}) == 1
+    assert adapter.gpu_count({"--tensor-parallel-size": 2, "--max-num-seqs": 64}) == 2
     flags = {"--tensor-parallel-size": 2, "--pipeline-parallel-size": 2, "--data-parallel-size": 2}
-    assert gpus_per_trial(adapter, flags) == 8
+    assert adapter.gpu_count(flags) == 8
     assert size_bounds(_job(tmp_path, TP_SPACE), adapter) == (1, 2)
     fixed = _job(tmp_path, {"params": {}}, fixed_flags={"tensor_parallel": 4})
     assert size_bounds(fixed, adapter) == (4, 4)
