@@ -20,8 +20,10 @@ Flag dicts use canonical long names with dashes: ``{"--max-num-seqs": 64, "--enf
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
+import shlex
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
@@ -44,6 +46,8 @@ __all__ = [
     "MemorySemantics",
     "canonical_flag",
     "counter_delta",
+    "flag_words",
+    "flags_text",
     "metric_max",
     "metric_sum",
     "parse_help_flags",
@@ -51,6 +55,36 @@ __all__ = [
     "split_sample_key",
     "version_tuple",
 ]
+
+
+def flag_words(flags: Mapping[str, Any], known: FlagSet | None = None) -> list[str]:
+    """Flag dict → argv tokens, as an engine reads them. Booleans: True → ``--x``; False →
+    ``--no-x`` (when ``known`` is given, only where the engine has it, else omitted). Lists → one
+    token per item (nargs=+). Dicts → JSON. None → left out (the engine's default)."""
+    argv: list[str] = []
+    for flag, value in flags.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            negated = "--no-" + flag[2:]
+            if value:
+                argv.append(flag)
+            elif known is None or negated in known:
+                argv.append(negated)
+            continue
+        argv.append(flag)
+        if isinstance(value, (list, tuple)):
+            argv.extend(str(v) for v in value)
+        elif isinstance(value, dict):
+            argv.append(json.dumps(value, separators=(",", ":")))
+        else:
+            argv.append(str(value))
+    return argv
+
+
+def flags_text(flags: Mapping[str, Any]) -> str:
+    """Flags as one shell-quoted command-line fragment (what a person pastes after the command)."""
+    return shlex.join(flag_words(flags))
 
 
 class EventKind(StrEnum):
@@ -416,31 +450,8 @@ class EngineAdapter(ABC):
                 raise InvalidFlags(f"{self.name} does not accept {flag}: {fix}")
 
     def render_flags(self, flags: Mapping[str, Any]) -> list[str]:
-        """Flag dict → argv tokens. Booleans: True → `--x`; False → `--no-x` where the engine has
-        it, else omitted. Lists → one token per item (nargs=+). Dicts → JSON."""
-        import json
-
-        argv: list[str] = []
-        known = self._flagset
-        for flag, value in flags.items():
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                if value:
-                    argv.append(flag)
-                else:
-                    negated = "--no-" + flag[2:]
-                    if known is None or negated in known:
-                        argv.append(negated)
-                continue
-            argv.append(flag)
-            if isinstance(value, (list, tuple)):
-                argv.extend(str(v) for v in value)
-            elif isinstance(value, dict):
-                argv.append(json.dumps(value, separators=(",", ":")))
-            else:
-                argv.append(str(value))
-        return argv
+        """Flag dict → argv tokens (:func:`flag_words`), ``--no-x`` only where the engine has it."""
+        return flag_words(flags, self._flagset)
 
     @abstractmethod
     def build_launch(self, flags: Mapping[str, Any], port: int) -> LaunchSpec:

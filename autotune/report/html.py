@@ -14,6 +14,7 @@ import optuna
 import pandas as pd
 
 from autotune import __version__
+from autotune.engines.base import flags_text
 from autotune.errors import ConfigError
 from autotune.report.markdown import render_markdown
 from autotune.report.plots import Plot, build_plots
@@ -74,7 +75,7 @@ def _td(text: Any, cls: str = "") -> str:
 
 
 def _flags_text(flags: dict[str, Any]) -> str:
-    return " ".join(f"{k} {v}" for k, v in flags.items()) or "(engine defaults)"
+    return flags_text(flags) or "(engine defaults)"
 
 
 # ------------------------------------------------------------------------------------- sections
