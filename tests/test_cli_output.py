@@ -1,11 +1,12 @@
-"""What the command line prints about a trial's flags: exactly what the engine is given."""
+"""What the command line and the report print about a trial's flags: words that read back as the
+engine's argv (an on/off flag switched off is shown as ``--no-x``, not hidden)."""
 
 from __future__ import annotations
 
 import json
 import shlex
 
-from autotune.cli import _flags_text
+from autotune.engines.base import flags_text
 
 
 def test_flags_read_back_as_the_engine_argv() -> None:
@@ -16,9 +17,8 @@ def test_flags_read_back_as_the_engine_argv() -> None:
         "--speculative-config": {"method": "ngram", "num_speculative_tokens": 4},
         "--served-model-name": "my model",
     }
-    words = shlex.split(_flags_text(flags))
-    assert words[:3] == ["--enforce-eager", "--max-num-seqs", "64"]
+    words = shlex.split(flags_text(flags))
+    assert words[:4] == ["--enforce-eager", "--no-enable-prefix-caching", "--max-num-seqs", "64"]
     spec = words[words.index("--speculative-config") + 1]
     assert json.loads(spec) == {"method": "ngram", "num_speculative_tokens": 4}
     assert words[-2:] == ["--served-model-name", "my model"]
-    assert "--enable-prefix-caching" not in words

@@ -8,8 +8,9 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app, parse_gpus, parse_parallel
+from autotune.cli import app
 from autotune.errors import ConfigError
+from autotune.options import parse_gpus, parse_parallel
 from autotune.runtime import gpu
 from autotune.runtime.gpu import FAKE_GPUS_ENV
 

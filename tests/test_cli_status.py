@@ -18,9 +18,12 @@ from optuna.trial import TrialState, create_trial
 from typer.testing import CliRunner
 
 from autotune.bench.capacity import CapacityResult, CapacityRun
-from autotune.cli import _point_text, app, bench_verdict, capacity_line, memory_edge_line
+from autotune.cli import app
 from autotune.config import Workload
+from autotune.report.bench import bench_verdict, capacity_line
 from autotune.report.export import LaunchRecord, render
+from autotune.report.status import memory_edge_line, point_text
+from autotune.search.record import StageState
 from autotune.search.storage import default_storage_url
 
 runner = CliRunner()
@@ -101,7 +104,7 @@ def test_pareto_front_names_its_values_with_units(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "#0: output_throughput 4,767.4 tok/s, p95_ttft_ms 45.9 ms" in result.output
     assert (
-        _point_text(["request_goodput", "p99_e2el_ms"], [2.5, 900.0])
+        point_text(["request_goodput", "p99_e2el_ms"], [2.5, 900.0])
         == "request_goodput 2.5 req/s, p99_e2el_ms 900.0 ms"
     )
 
@@ -145,15 +148,15 @@ def test_status_of_a_study_where_nothing_served_counts_the_launches(tmp_path: Pa
 # ------------------------------------------------------------------------------ memory probes
 def test_memory_edge_is_claimed_only_below_a_failure() -> None:
     passed = {"results": {"0.82": "ok", "0.84": "ok", "0.86": "ok"}, "edge": 0.86, "note": "n"}
-    assert memory_edge_line(passed).startswith("memory edge: not reached — every probe up to 0.86 passed")
+    assert memory_edge_line(StageState(**passed)).startswith("memory edge: not reached — every probe up to 0.86 passed")
     found = {"results": {"0.86": "ok", "0.88": "ok", "0.9": "too_high"}, "edge": 0.86, "note": "n"}
-    line = memory_edge_line(found)
+    line = memory_edge_line(StageState(**found))
     assert line.startswith("memory edge: 0.86 (highest passing fraction 0.88, less one safety step; 0.9 failed")
     cpu = {**passed, "ceiling": 0.86, "kv_cache_memory_bytes": 2297807503}  # the host's RAM capped the probes
-    assert memory_edge_line(cpu).startswith(
+    assert memory_edge_line(StageState(**cpu)).startswith(
         "memory edge: 0.86, KV pool kv_cache_memory_bytes=2297807503 — the most this host can give now"
     )
-    none = memory_edge_line({"results": {}, "edge": None}, {"client_limited": 3})
+    none = memory_edge_line(StageState(results={}), {"client_limited": 3})
     assert none == "memory edge: not found — no probe gave a memory verdict (3 launches, all `client_limited`)"
 
 

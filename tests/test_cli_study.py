@@ -26,7 +26,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import autotune.cli as cli
-from autotune.search.storage import default_storage_url, load_study
+from autotune.report import console as console_module
+from autotune.report import status as status_module
+from autotune.report.summary import format_value
+from autotune.search.storage import best_trial, default_storage_url, load_study
 
 AUTOTUNE = str(Path(sys.executable).parent / "autotune")
 # Small and quick on the simulator; a TTFT bound far above any run's keeps a busy test machine
@@ -174,7 +177,8 @@ def test_csv_and_parquet_are_both_written(study: dict[str, Any], home: Path, tmp
 
 def test_status_shows_whole_flags_at_80_columns(study: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     terminal = Console(force_terminal=True, width=80, soft_wrap=True, color_system=None)
-    monkeypatch.setattr(cli, "console", terminal)
+    for module in (console_module, status_module):  # the terminal that status prints to
+        monkeypatch.setattr(module, "console", terminal)
     with terminal.capture() as captured:
         result = CliRunner().invoke(cli.app, ["status", "s", "--results", str(study["results"])])
     out = captured.get()
@@ -188,12 +192,12 @@ def test_status_shows_whole_flags_at_80_columns(study: dict[str, Any], monkeypat
     assert max(len(line) for line in table) <= 80  # the table fits the terminal; its cells wrap
     for params in _params(study).values():
         for name, value in params.items():
-            assert f"{name}={cli.format_value(value)}" in out, out  # each knob whole, on one line
+            assert f"{name}={format_value(value)}" in out, out  # each knob whole, on one line
 
 
 # ---------------------------------------------------------------------------------- exports
 def test_json_and_yaml_exports_use_the_port_placeholder(study: dict[str, Any], home: Path) -> None:
-    best = cli.best_trial(study["study"])
+    best = best_trial(study["study"])
     assert best is not None
     trial_port = best.user_attrs["argv"][best.user_attrs["argv"].index("--port") + 1]
     for fmt, load in (("json", json.loads), ("yaml", yaml.safe_load)):

@@ -13,17 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune import __version__
-from autotune.cli import (
-    SHIPPED,
-    app,
-    check_space_values,
-    flag_type,
-    infer_engine,
-    parse_env,
-    typed_fixed,
-)
+from autotune.catalog import SHIPPED
+from autotune.cli import app
 from autotune.config import SearchSpace, load_yaml, parse_model
 from autotune.errors import ConfigError
+from autotune.jobs import infer_engine
+from autotune.options import check_space_values, flag_type, parse_env, typed_fixed
 
 runner = CliRunner()
 EMPTY = SearchSpace()

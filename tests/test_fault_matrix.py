@@ -53,6 +53,8 @@ def _kind(dialect: str) -> str:
 def _release_env(dialect: str) -> dict[str, str]:
     """The simulated SGLang release a ``sglang-X.Y.Z`` entry of DIALECTS asks for."""
     return {"AUTOTUNE_SIM_SGLANG_VERSION": dialect.split("-", 1)[1]} if "-" in dialect else {}
+
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 WORKLOAD = {
     "name": "faults",
@@ -357,4 +359,3 @@ def test_tuner_signal_marks_the_trial_interrupted_and_resume_reruns_it(
     rerun = [t for t in trials if t.user_attrs.get("retry_of") == first.number]
     assert len(rerun) == 1 and rerun[0].user_attrs["outcome"] == "ok"
     assert rerun[0].params == first.params  # the same configuration, re-run
-

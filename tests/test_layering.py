@@ -69,3 +69,16 @@ def test_engine_knowledge_stays_behind_the_adapters() -> None:
                 elements = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
                 named = {e.value for e in elements if isinstance(e, ast.Constant) and e.value in names}
                 assert not named, f"{path.relative_to(ROOT)}:{node.lineno} compares with {named}"
+
+
+def test_trial_and_study_attributes_are_read_only_through_the_record() -> None:
+    # search/record.py types what Optuna stores; everything else reads TrialRecord / StageState.
+    for path in sorted(PKG.rglob("*.py")):
+        if path.relative_to(PKG).as_posix() == "search/record.py":
+            continue
+        assert "user_attrs" not in path.read_text(), f"{path.relative_to(ROOT)} reads Optuna's attributes directly"
+
+
+def test_the_command_line_stays_thin() -> None:
+    # Commands parse, build a job, call one library function and print; the work lives in the library.
+    assert len((PKG / "cli.py").read_text().splitlines()) < 400

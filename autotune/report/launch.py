@@ -11,10 +11,19 @@ import optuna
 
 from autotune.errors import ConfigError
 from autotune.report.export import LaunchRecord, render
+from autotune.report.summary import no_winner_text
 from autotune.search.record import study_config, trial_record, validation
-from autotune.search.storage import primary_value
+from autotune.search.storage import best_trial, primary_value
 
-__all__ = ["engine_config", "export_trial", "launch_record", "objective_metric", "runs_on_cpu", "value_summary"]
+__all__ = [
+    "chosen_trial",
+    "engine_config",
+    "export_trial",
+    "launch_record",
+    "objective_metric",
+    "runs_on_cpu",
+    "value_summary",
+]
 
 
 def engine_config(study: optuna.Study) -> dict[str, Any]:
@@ -111,3 +120,24 @@ def export_trial(
     except OSError as err:
         raise ConfigError(f"cannot write {path}: {err.strerror or err}; check -o") from None
     return path
+
+
+def chosen_trial(study: optuna.Study, number: int | None) -> optuna.trial.FrozenTrial:
+    """Trial ``number``, or the validated best when None.
+
+    Raises:
+        ConfigError: No such trial, or no feasible one to pick.
+    """
+    name = study.study_name
+    if number is None:
+        best = best_trial(study)
+        if best is None:
+            trials = study.get_trials(deepcopy=False)
+            raise ConfigError(
+                f"study {name!r} has no feasible trial ({no_winner_text(trials)}); pass --trial N to export another"
+            )
+        return best
+    found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    if not found:
+        raise ConfigError(f"study {name!r} has no trial {number}; see `autotune status {name}`")
+    return found[0]

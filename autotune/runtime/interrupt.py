@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
 from typing import Any
 
-__all__ = ["acknowledge", "install"]
+__all__ = ["acknowledge", "install", "silence_stderr"]
 
 RECHECK_S = 0.5  # how often the watcher looks; twice in a row without the interrupt in hand = lost
 
@@ -70,3 +72,17 @@ def _main_thread_has_it() -> bool:
     # asyncio.run takes the interrupt by cancelling its main task: a CancelledError on its way
     # out is the same teardown under way.
     return isinstance(current, (KeyboardInterrupt, asyncio.CancelledError))
+
+
+def silence_stderr() -> None:
+    """Nothing more on stderr after an interrupt's one line: the event loop's tasks and client
+    workers it tore down would otherwise print their tracebacks. Only the real process's stream
+    is closed (not a test runner's captured one)."""
+    if sys.stderr is not sys.__stderr__:
+        return
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.__stderr__.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - stays open until the interpreter exits

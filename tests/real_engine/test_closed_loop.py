@@ -22,6 +22,7 @@ from autotune.runtime.procfs import terminate_group
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
 
+
 def _tune_cmd(results: Path, vllm_python: str, tiny_model: str) -> list[str]:
     return [
         sys.executable,
