@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 from optuna.trial import TrialState
 from test_tune_sim import SEARCH_SPACE, _job
+from typer.testing import CliRunner
 
 import autotune.search.trial as trial_module
 from autotune.bench.loadgen import run_workload_sync
 from autotune.bench.result import BenchResult
+from autotune.cli import app
 from autotune.search.diagnosis import client_problem
 from autotune.search.storage import load_study
 from autotune.search.trial import CLIENT_RERUNS
@@ -54,6 +56,9 @@ def test_a_starved_run_is_run_again_and_only_the_clean_run_is_scored(
     reruns = t.user_attrs["facts"]["client_reruns"]
     assert reruns == [{"repeat": 0, "attempt": 0, "reason": STARVED}]
     assert t.user_attrs["facts"]["client_limited"] is False  # the scored run was not limited
+    # `autotune status` says which run was re-run and why, in the trial's row
+    shown = CliRunner().invoke(app, ["status", "t", "--results", str(tmp_path)], terminal_width=200)
+    assert "1 run(s) re-run, client-limited: p99 event-loop lag 8979.0 ms" in shown.output, shown.output
 
 
 def test_a_trial_whose_every_run_was_limited_is_client_limited_never_scored(
