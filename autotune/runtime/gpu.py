@@ -191,6 +191,10 @@ def idle_limit(info: GpuInfo) -> int:
     return max(_GIB, info.memory_total // 50)
 
 
+def _unlinked(a: int, b: int) -> bool:
+    return False
+
+
 def nvlink_islands(indices: Iterable[int], backend: GpuBackend | None = None) -> list[tuple[int, ...]]:
     """Split ``indices`` into groups joined by NVLink (connected components), sorted.
 
@@ -198,7 +202,7 @@ def nvlink_islands(indices: Iterable[int], backend: GpuBackend | None = None) ->
     """
     nvml = _resolve(backend)
     remaining = sorted(set(indices))
-    linked = nvml.nvlinked if isinstance(nvml, GpuTopology) else (lambda a, b: False)
+    linked = nvml.nvlinked if isinstance(nvml, GpuTopology) else _unlinked
     islands: list[tuple[int, ...]] = []
     while remaining:
         island, frontier = {remaining[0]}, [remaining[0]]
