@@ -135,6 +135,9 @@ GPUS: dict[str, GpuPreset] = {
         GpuPreset("L4", "NVIDIA L4", 22.03, 23034, 0.3 * _TB, 121e12, 242e12, 25e9, 25e-6),
         # RTX 4090: 1008 GB/s GDDR6X, 165 TFLOP/s bf16 (fp32 accumulate), 330 fp8; no NVLink/P2P.
         GpuPreset("RTX-4090", "NVIDIA GeForce RTX 4090", 23.65, 24564, 1.008 * _TB, 165e12, 330e12, 25e9, 30e-6),
+        # RTX 3090: 936 GB/s GDDR6X, 71 TFLOP/s dense bf16 (fp16 accumulate; NVIDIA GA102 whitepaper),
+        # no fp8; torch total 23.58 GiB as vLLM logs it (vllm-project/vllm#10517). No NVLink/P2P assumed.
+        GpuPreset("RTX-3090", "NVIDIA GeForce RTX 3090", 23.58, 24576, 0.936 * _TB, 71e12, 0.0, 25e9, 30e-6),
     )
 }
 
@@ -213,6 +216,52 @@ MODELS: tuple[ModelPreset, ...] = (
         experts_per_token=8,
         expert_intermediate=768,
         aliases=("qwen3-30b-a3b",),
+    ),
+    # Validation-set models (autotune_sim/fidelity.py); dimensions from each checkpoint's config.json.
+    ModelPreset(
+        "Qwen/Qwen3-235B-A22B",
+        "Qwen3MoeForCausalLM",
+        layers=94,
+        hidden=4096,
+        heads=64,
+        kv_heads=4,
+        head_dim=128,
+        intermediate=0,
+        vocab=151936,
+        params=235_093_634_560,
+        max_position=40960,
+        experts=128,
+        experts_per_token=8,
+        expert_intermediate=1536,
+        aliases=("qwen3-235b-a22b", "qwen3-235b-a22b-fp8"),
+    ),
+    ModelPreset(
+        "Qwen/Qwen3-14B",
+        "Qwen3ForCausalLM",
+        layers=40,
+        hidden=5120,
+        heads=40,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=17408,
+        vocab=151936,
+        params=14_768_307_200,
+        max_position=40960,
+        aliases=("qwen3-14b", "qwen3-14b-awq"),
+    ),
+    ModelPreset(
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",
+        "Qwen2ForCausalLM",
+        layers=48,
+        hidden=5120,
+        heads=40,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=13824,
+        vocab=152064,
+        params=14_770_033_664,
+        max_position=131072,
+        aliases=("deepseek-r1-distill-qwen-14b", "qwen2.5-14b"),
     ),
     # vLLM's default model when none is given.
     ModelPreset(
