@@ -42,7 +42,7 @@ def test_cuda_graphs_help_small_batches_much_more_than_large_ones() -> None:
     def speedup(batch: int) -> float:
         return p.decode_step(batch, 512, GraphMode.EAGER) / p.decode_step(batch, 512, GraphMode.FULL)
 
-    assert speedup(1) > 1.5
+    assert speedup(1) > 1.1  # sglang#1401: 1.12–1.31× at batch 1 (issue 21)
     assert speedup(1) > speedup(64) > speedup(512) > 1.0
     piecewise = p.decode_step(1, 512, GraphMode.PIECEWISE)
     assert p.decode_step(1, 512, GraphMode.FULL) < piecewise < p.decode_step(1, 512, GraphMode.EAGER)
