@@ -29,9 +29,11 @@ demo: setup engine
 	  --env VLLM_CPU_KVCACHE_SPACE=1 --env HF_HUB_OFFLINE=1 \
 	  --space vllm-cpu --workload cpu-quick --trials 6 --finalists 2 --validation-runs 3 --seed 0
 
-# The instant way to try it: the simulated H100 engine, no GPU and no engine install.
+# The instant way to try it: the simulated H100 engine, no GPU and no engine install. The workload
+# saturates the engine (256 concurrent streams), so the stages have something to find.
 demo-sim: setup
-	$(AUTOTUNE) tune --study demo-sim --engine sim --trials 10 --finalists 2 --validation-runs 1 --seed 0
+	$(AUTOTUNE) tune --study demo-sim --engine sim --workload demo-sim --trials 20 --memory-probe bisect \
+	  --finalists 2 --validation-runs 2 --seed 0
 
 lint: setup
 	$(VENV)/bin/ruff check autotune autotune_sim tests benchmarks

@@ -11,7 +11,7 @@ from autotune.config import Workload, load_yaml, parse_model
 from autotune.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ["chat", "offline-batch", "long-context", "rag-prefix", "multi-turn", "custom", "cpu-quick"]
+SHIPPED = ["chat", "offline-batch", "long-context", "rag-prefix", "multi-turn", "custom", "cpu-quick", "demo-sim"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
