@@ -25,8 +25,17 @@ def _rows(facts: tuple[Fact, ...], first: int) -> list[tuple[str, ...]]:
         setup = f"{f.engine}; {f.gpu}; {f.model}; TP{f.tp}; {f.dtype}; {f.setup}"
         flag = "known miss" if f.known_miss else ("" if abs(m / f.published - 1) <= GOAL_BAND else "OUT")
         rows.append(
-            (str(i), f.category, f.name, setup, f.source, f"{_fmt(f.published)} {f.unit}", f"{_fmt(m)} {f.unit}",
-             f"{m / f.published:.2f}", flag)
+            (
+                str(i),
+                f.category,
+                f.name,
+                setup,
+                f.source,
+                f"{_fmt(f.published)} {f.unit}",
+                f"{_fmt(m)} {f.unit}",
+                f"{m / f.published:.2f}",
+                flag,
+            )
         )
     return rows
 

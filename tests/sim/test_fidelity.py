@@ -16,7 +16,9 @@ def test_validation_set_is_large_and_sourced() -> None:
     assert all(f.fitted_to for f in FITTED)
 
 
-@pytest.mark.parametrize("fact", [f for f in VALIDATION if f.known_miss is None], ids=lambda f: f"{f.category}:{f.name}")
+@pytest.mark.parametrize(
+    "fact", [f for f in VALIDATION if f.known_miss is None], ids=lambda f: f"{f.category}:{f.name}"
+)
 def test_validation_row_within_band(fact: Fact) -> None:
     ratio = fact.ratio()
     assert abs(ratio - 1.0) <= GOAL_BAND, f"{fact.name} ({fact.source}): modelled/published = {ratio:.2f}"
