@@ -28,7 +28,7 @@ flat above 64 sequences; [e] ``reference/vllm.md`` §5 (recompute preemption whe
 (0.21+), which makes 0.32 report ~0.5 GiB less KV than they did; the model uses 0.32's rule.
 
 Which set each fact belongs to (``autotune_sim/fidelity.py``): rows 1–3 are FITTED facts (the
-memory constants were fitted to them); row 5 is FITTED since issue 21 (the eager constants are
+memory constants were fitted to them); row 5 is FITTED (the eager constants are
 fitted to sglang#1401's flashinfer pair; its triton pair is a VALIDATION row); rows 4 and 6–10
 check the model's shape against rooflines and engine rules, not against measurements. The
 published measurements no constant was fitted to are the VALIDATION set in ``fidelity.py``

@@ -12,7 +12,7 @@ from the same run), said so in its row.
 a validation row that is not a listed known miss leaves ±25 %, or the median |error| passes 10 %.
 
 Retired: the 1.7–1.8× CUDA-graph speed-up of a multimodal 7B model (vllm-project/vllm-omni#7960)
-that the eager constants were fitted to before issue 21; the SGLang flashinfer row replaced it.
+that an earlier fit of the eager constants used; the SGLang flashinfer row replaced it.
 The SGLang triton row of the same PR (a different attention backend, its own timings) stays in
 the validation set.
 
@@ -305,7 +305,7 @@ FITTED: tuple[Fact, ...] = (
             _decode_ms(_LLAMA, "H100-80GB", 1, 132, GraphMode.EAGER)()
             - _decode_ms(_LLAMA, "H100-80GB", 1, 132, GraphMode.FULL)()
         ),
-        fitted_to="EAGER_BASE_S, EAGER_PER_LAYER_S (perf.py, issue 21)",
+        fitted_to="EAGER_BASE_S, EAGER_PER_LAYER_S (perf.py)",
     ),
 )
 

@@ -148,7 +148,7 @@ def footprint(
         routing = 2 * model.experts_per_token * model.hidden  # permuted copies of the token
     else:
         inter, routing = model.intermediate, 0
-    # Not divided by TP (issue 21): vLLM logs the same profiled activation peak at TP 1 and TP 2
+    # Not divided by TP: vLLM logs the same profiled activation peak at TP 1 and TP 2
     # (1.26 GiB for Llama-3-8B on H100s, vllm-project/vllm#10511, VALIDATION row in fidelity.py;
     # the earlier /TP modelled 0.74 GiB at TP 2, −41 %).
     act_per_token = act_dtype * (4.5 * inter + 2 * model.hidden + routing)

@@ -43,10 +43,10 @@ BW_EFFICIENCY = 0.82
 MFU = 0.6
 GRAPH_OVERHEAD_S = 0.35e-3
 PIECEWISE_PER_LAYER_S = 15e-6
-# Eager launch cost, fitted (issue 21) to SGLang's published batch-1 decode of Llama-3-8B on an
+# Eager launch cost, fitted to SGLang's published batch-1 decode of Llama-3-8B on an
 # H100-class GPU with the flashinfer backend: 7.35 ms with CUDA graphs, 8.23 ms without
 # (sgl-project/sglang#1401), i.e. 0.88 ms more than a graph replay: 0.3 ms + 32 layers × 30 µs
-# = 1.26 ms in place of 0.35 ms. Before issue 21 these were 1.0 ms + 200 µs/layer (7.4 ms for 32
+# = 1.26 ms in place of 0.35 ms. An earlier fit was 1.0 ms + 200 µs/layer (7.4 ms for 32
 # layers, fitted to a multimodal model's 1.7–1.8×, vllm-omni#7960), which put the fidelity rows
 # sglang#1401 triton eager (+43 %), flashinfer eager (+61 %) far off; now triton eager −23 %
 # (validation), vllm#20469 eager TPOT on A100 see benchmarks/sim_fidelity.py. The cost is

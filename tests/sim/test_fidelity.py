@@ -1,4 +1,4 @@
-"""The simulator against published real measurements it was not fitted to (issue 21)."""
+"""The simulator against published real measurements it was not fitted to."""
 
 from __future__ import annotations
 
