@@ -3,7 +3,8 @@
 There the memory fraction is a share of the node's memory and the KV cache is that share minus the
 worker's own memory (vLLM 0.32, ``cpu_worker.py``). With the wide-KV tiny model (32 KiB of KV per
 token) one 0.02 step on a 24 GiB node is ~15k tokens: 0.02 is refused (the share is smaller than the
-worker), 0.04 starts with a pool the peak load (32 × 512 tokens) runs short of, 0.06 and up hold it.
+worker), 0.04 starts with a pool the peak load (32 × 512 tokens) fills (vLLM preempts or queues),
+0.06 and up hold more.
 """
 
 from __future__ import annotations
@@ -84,8 +85,10 @@ def test_memory_edge_probes_node_memory_on_real_vllm_cpu(
     assert len(served) >= 2, verdicts
     pools = [t.user_attrs["facts"]["kv_gib"] for f, t in served]
     assert pools == sorted(pools) and pools[0] < pools[-1], pools
-    # the smallest pool that started was short for the peak load: vLLM preempted (from /metrics)
-    assert served[0][1].user_attrs["facts"]["preemptions"] > 0, served[0][1].user_attrs["facts"]
+    # the smallest pool that started was short for the peak load: it ran full (the sampled gauge)
+    # and vLLM preempted or held requests back (which of the two depends on admission timing)
+    short = served[0][1].user_attrs["facts"]
+    assert short["token_usage_peak"] >= 0.99 and (short["preemptions"] > 0 or short["queue_peak"] > 0), short
     # the edge is on the 0.02 grid and is a probe that survived the peak run
     edge = state["edge"]
     assert edge is not None and abs(edge / 0.02 - round(edge / 0.02)) < 1e-6
