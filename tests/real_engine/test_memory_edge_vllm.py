@@ -3,7 +3,7 @@
 There the memory fraction is a share of the node's memory and the KV cache is that share minus the
 worker's own memory (vLLM 0.32, ``cpu_worker.py``). With the wide-KV tiny model (32 KiB of KV per
 token) one 0.02 step on a 24 GiB node is ~15k tokens: 0.02 is refused (the share is smaller than the
-worker), 0.04 starts with a pool the peak load (32 × 512 tokens) fills (vLLM preempts or queues),
+worker), 0.04 starts with a pool smaller than the peak load (32 × 512 tokens; vLLM preempts or queues),
 0.06 and up hold more.
 """
 
@@ -85,10 +85,17 @@ def test_memory_edge_probes_node_memory_on_real_vllm_cpu(
     assert len(served) >= 2, verdicts
     pools = [t.user_attrs["facts"]["kv_gib"] for f, t in served]
     assert pools == sorted(pools) and pools[0] < pools[-1], pools
-    # the smallest pool that started was short for the peak load: it ran full (the sampled gauge)
-    # and vLLM preempted or held requests back (which of the two depends on admission timing)
+    # the smallest pool that started was short for the peak load: its logged size is below the
+    # load's 32 × 512 tokens, and the log showed the pressure. vLLM logs its usage every 10 s, so the
+    # logged peak can miss the instant the pool ran full; it preempts or holds requests back
+    # depending on admission timing — any of the three is the short pool seen from the engine.
     short = served[0][1].user_attrs["facts"]
-    assert short["token_usage_peak"] >= 0.99 and (short["preemptions"] > 0 or short["queue_peak"] > 0), short
+    assert short["kv_tokens"] < 32 * 512, short
+    pressed = short["token_usage_peak"] >= 0.9 or short["preemptions"] > 0 or short["queue_peak"] > 0
+    assert pressed, {k: short.get(k) for k in ("kv_tokens", "token_usage_peak", "preemptions", "queue_peak")}
+    # a pool that holds the whole load is never preempted
+    roomy = [t.user_attrs["facts"] for f, t in served if t.user_attrs["facts"]["kv_tokens"] >= 32 * 512]
+    assert all(facts["preemptions"] == 0 for facts in roomy), roomy
     # the edge is on the 0.02 grid and is a probe that survived the peak run
     edge = state["edge"]
     assert edge is not None and abs(edge / 0.02 - round(edge / 0.02)) < 1e-6
