@@ -159,6 +159,9 @@ def tune(
         str | None,
         typer.Option(help="Measuring instrument, overriding the workload's: autotune | vllm-bench | sglang-bench."),
     ] = None,
+    weight_cache: Annotated[
+        str, typer.Option(help="Weights held by a daemon across trials: auto | on | off.")
+    ] = "auto",
 ) -> None:
     """Create or resume a study: baseline, the tuning stages (or a plain search), then validation.
 
@@ -171,7 +174,7 @@ def tune(
     settings = dict(name=study, results_dir=results, storage=storage, trials=trials, time_budget_s=time_budget)
     settings.update(repeats=repeats, finalists=finalists, validation_runs=validation_runs, sampler=sampler, seed=seed)
     settings.update(method=method, memory_probe=memory_probe, host_memory_margin_gib=host_memory_margin)
-    settings.update(baseline=baseline, parallel=parallel, gpus=gpus, heartbeat_s=heartbeat)
+    settings.update(baseline=baseline, parallel=parallel, gpus=gpus, heartbeat_s=heartbeat, weight_cache=weight_cache)
     job, intro = tune_job(options, space, workload, settings, client=bench_client)
     _run_job(job, intro)
 

@@ -783,6 +783,10 @@ class StudySettings(StrictModel):
     gpus: list[int] | None = Field(
         default=None, description="NVML indices of the GPUs trials may use (default: every free GPU)."
     )
+    weight_cache: Literal["off", "auto", "on"] = Field(
+        default="auto",
+        description="A daemon holds the weights across trials (vLLM ≥ 0.34): auto where the engine has one, on, off.",
+    )
     heartbeat_s: int = Field(
         default=30,
         ge=1,

@@ -29,6 +29,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, ClassVar
 
 from autotune.config import EngineSettings
@@ -44,6 +45,7 @@ __all__ = [
     "LaunchSpec",
     "LogEvent",
     "MemorySemantics",
+    "WeightDaemon",
     "canonical_flag",
     "counter_delta",
     "flag_words",
@@ -53,6 +55,7 @@ __all__ = [
     "parse_help_flags",
     "samples_named",
     "split_sample_key",
+    "startup_split",
     "version_tuple",
 ]
 
@@ -106,6 +109,11 @@ class EventKind(StrEnum):
     WORKER_DIED = "worker_died"  # data: worker, exit_code (None when unknown), signal? (e.g. "SIGILL")
     EXCEPTION = "exception"  # data: type, message — an exception line that is not a known wrapper
     IN_FLIGHT = "in_flight"  # data: running?, waiting?, prompt_lens? — the engine's dump at its death
+    # data: phase ("weights", "compile", "init"), seconds; weights: source ("disk", or
+    # "daemon:<mode>" when mapped from a weight cache); phase "compile_source": warm (a graph
+    # loaded from the compile cache) or not (compiled)
+    STARTUP_PHASE = "startup_phase"
+    COMPILE_CACHE = "compile_cache"  # data: path — where the engine keeps its compiled artifacts
 
 
 # Events that end the wait for readiness at once: the engine will not become ready.
@@ -142,6 +150,29 @@ class LaunchSpec:
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class WeightDaemon:
+    """A weight-cache daemon's launch, and what an engine adds to map its weights from it.
+
+    Attributes:
+        argv: The daemon's full command line.
+        env: Variables autotune adds to the user's environment (as for an engine).
+        ready_url: Polled until it answers 200: the daemon holds the weights and serves.
+        key: What the daemon's weights are valid for (checkpoint, parallelism, dtypes,
+            quantization); an engine whose key differs loads its own weights.
+        client_flags: Flags an engine with the same key adds to map the daemon's weights.
+        mode: How the engine maps them: ``zero_copy`` (the daemon's memory counts inside the
+            engine's memory budget) or ``copy`` (the engine holds its own copy besides).
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    ready_url: str
+    key: tuple[tuple[str, str], ...]
+    client_flags: dict[str, Any]
+    mode: str
 
 
 @dataclass(frozen=True)
@@ -312,6 +343,43 @@ def counter_delta(before: Mapping[str, float], after: Mapping[str, float], name:
     return end if end < start else end - start
 
 
+def startup_split(events: Iterable[LogEvent]) -> dict[str, Any]:
+    """Where the engine's start-up went, from its own log lines (seconds as the engine logged
+    them; the simulator logs modelled seconds): ``weights_s``, ``compile_s``, ``capture_s`` and
+    ``init_s`` (vLLM's engine init: profiling, KV cache and warm-up, compile and capture
+    included), whether compile came from the cache (``compile_warm``), where the weights came
+    from (``weights_from``) and the compile cache's directory. Ranks load in parallel: the
+    slowest counts; a compile logged in pieces (one per graph) adds up."""
+    split: dict[str, Any] = {}
+    for event in events:
+        data = event.data
+        if event.kind == EventKind.GRAPH_CAPTURE and "seconds" in data:
+            split["capture_s"] = round(split.get("capture_s", 0.0) + data["seconds"], 3)
+        elif event.kind == EventKind.COMPILE_CACHE:
+            split.setdefault("compile_cache", data["path"])
+        elif event.kind == EventKind.STARTUP_PHASE:
+            _add_phase(split, data)
+    return split
+
+
+def _add_phase(split: dict[str, Any], data: Mapping[str, Any]) -> None:
+    phase, seconds = data["phase"], float(data.get("seconds", 0.0))
+    if phase == "weights":
+        split["weights_s"] = round(max(split.get("weights_s", 0.0), seconds), 3)
+        if "source" in data:
+            split["weights_from"] = data["source"]
+        else:
+            split.setdefault("weights_from", "disk")
+    elif phase == "compile":
+        split["compile_s"] = round(split.get("compile_s", 0.0) + seconds, 3)
+    elif phase == "compile_source":  # one graph loaded from the cache, or compiled: cold wins
+        split["compile_warm"] = bool(data["warm"]) and split.get("compile_warm", True)
+    elif phase == "init":
+        split["init_s"] = round(seconds, 3)
+        if "compile_s" in data and "compile_s" not in split:
+            split["compile_s"] = round(float(data["compile_s"]), 3)
+
+
 class EngineAdapter(ABC):
     """Base of every dialect. Subclasses set the class attributes and the abstract methods."""
 
@@ -356,6 +424,16 @@ class EngineAdapter(ABC):
     def memory_semantics(self, version: str | None) -> MemorySemantics:
         """What the ``memory_fraction`` knob sizes on this engine ``version`` (None: unknown)."""
         return MemorySemantics(0.80, None, f"{self.name}: probing the memory fraction")
+
+    # ------------------------------------------------------------------- weight-cache daemon
+    def weight_cache_unsupported(self, version: str | None) -> str | None:
+        """Why this engine ``version`` cannot map its weights from a daemon that outlives it
+        (None when it can). Never assumed: an unknown version cannot."""
+        return f"{self.name} {version or '(version unknown)'} has no weight-cache daemon autotune drives"
+
+    def weight_daemon(self, flags: Mapping[str, Any], socket_dir: Path, port: int) -> WeightDaemon:
+        """The daemon that holds the weights engines launched with ``flags`` load."""
+        raise NotImplementedError(f"{self.name}: no weight-cache daemon")
 
     def served_facts(self, base_url: str) -> dict[str, Any]:
         """Facts the running engine reports about itself over HTTP (its version, where its log

@@ -173,6 +173,9 @@ _AVAIL_MEM = re.compile(r"avail mem=(\d+(?:\.\d+)?) GB")
 # The decode sizes as 0.5.15-0.5.22 log them on the begin line and 0.5.23 on the end line.
 _CAPTURED_BS = re.compile(r"\bbs=\[([\d, ]*)\]")
 _READY = re.compile(r"The server is fired up and ready to roll")
+# Weights: the loader's end line (0.5.9 has no elapsed), and 0.5.23's weight-cache client mapping them.
+_WEIGHTS_LOADED = re.compile(r"Load weight end\. elapsed=(\d+(?:\.\d+)?) s")
+_WEIGHTS_MAPPED = re.compile(r"\[IpcModelLoader\] (Zero-copy|Copy)\b.*?time=(\d+(?:\.\d+)?)s")
 _DECODE = re.compile(r"Decode batch(?: \[\d+\])?[.,]")  # " [N]": the forward iteration, when logged
 _RUNNING = re.compile(r"#running-req: (\d+)")
 _USED_TOKENS = re.compile(r"#(?:full )?token: (\d+)")
@@ -441,6 +444,17 @@ def _startup_event(line: str) -> LogEvent | None:
         return LogEvent(EventKind.GRAPH_CAPTURE, line, {"phase": "failed", "stage": "prefill"})
     if _READY.search(line):
         return LogEvent(EventKind.READY, line)
+    return _weights_event(line)
+
+
+def _weights_event(line: str) -> LogEvent | None:
+    if m := _WEIGHTS_LOADED.search(line):
+        return LogEvent(EventKind.STARTUP_PHASE, line, {"phase": "weights", "seconds": float(m.group(1))})
+    if m := _WEIGHTS_MAPPED.search(line):
+        source = "daemon:" + m.group(1).lower().replace("-", "_")
+        return LogEvent(
+            EventKind.STARTUP_PHASE, line, {"phase": "weights", "seconds": float(m.group(2)), "source": source}
+        )
     return None
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -34,6 +35,7 @@ from autotune.engines.base import (
     LaunchSpec,
     LogEvent,
     MemorySemantics,
+    WeightDaemon,
     counter_delta,
     samples_named,
     version_tuple,
@@ -51,6 +53,27 @@ LAUNCH_ENV: Mapping[str, str] = MappingProxyType(
 )
 
 MEASUREMENT_KEEP_ALIVE_S = 60  # seconds; see VllmAdapter.measurement_env
+
+# What a weight-cache daemon's weights are valid for (vLLM 0.34's WeightCacheKey: checkpoint,
+# parallelism, dtype, quantization, KV dtype): the daemon is started with the study's values of
+# these flags and serves every engine that shares them. Seqs, batched tokens, the memory fraction
+# and graph sizes are not in the key, so one daemon serves the whole flag search.
+_WEIGHT_KEY_FLAGS = (
+    "--tensor-parallel-size",
+    "-tp",
+    "--pipeline-parallel-size",
+    "-pp",
+    "--data-parallel-size",
+    "-dp",
+    "--enable-expert-parallel",
+    "--dtype",
+    "--quantization",
+    "-q",
+    "--kv-cache-dtype",
+    "--revision",
+    "--trust-remote-code",
+)
+WEIGHT_CACHE_SINCE = (0, 34)  # `vllm preload` and --load-format ipc_cache
 
 # The tuner chooses these per trial; a user value would start every trial on the same port.
 _OWNED_FLAGS = {
@@ -78,6 +101,18 @@ _KV_GIB = (
 )
 _GRAPH = re.compile(r"Graph capturing finished in (\d+) secs?, took ([\d.]+) GiB")
 _READY = re.compile(r"Starting vLLM server on (\S+)|Application startup complete")
+# Start-up phases (vLLM 0.32-0.34): the loader, torch.compile's monitor and the engine core.
+_WEIGHTS_LOADED = re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds")
+_WEIGHTS_MAPPED = re.compile(r"Mapped \d+ tensors from the weight cache daemon \((\w+) mode\)")
+_COMPILE_TOTAL = re.compile(
+    r"torch\.compile (?:and initial profiling/warmup run together )?(?:took|takes) ([\d.]+) s in total"
+)
+_COMPILE_WARM = re.compile(r"Directly load (?:the compiled graph\(s\)|AOT compilation)")
+_COMPILE_COLD = re.compile(r"Compiling a graph for compile range")
+_COMPILE_CACHE = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
+_INIT_ENGINE = re.compile(
+    r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s(?:econds)?(?: \(compilation: ([\d.]+) s)?"
+)
 _STATS = re.compile(
     r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
     r"Running: (\d+) reqs, Waiting: (\d+) reqs, \w+ KV cache usage: ([\d.]+)%"
@@ -175,6 +210,27 @@ def _ready_event(line: str) -> LogEvent | None:
     return LogEvent(EventKind.READY, line, {"url": m.group(1)} if m.group(1) else {})
 
 
+def _startup_event(line: str) -> LogEvent | None:
+    """A start-up phase's duration, or where its weights and compiled graphs came from."""
+    phase = EventKind.STARTUP_PHASE
+    if m := _WEIGHTS_LOADED.search(line):
+        return LogEvent(phase, line, {"phase": "weights", "seconds": float(m.group(1))})
+    if m := _WEIGHTS_MAPPED.search(line):
+        return LogEvent(phase, line, {"phase": "weights", "source": f"daemon:{m.group(1)}"})
+    if m := _COMPILE_TOTAL.search(line):
+        return LogEvent(phase, line, {"phase": "compile", "seconds": float(m.group(1))})
+    if _COMPILE_WARM.search(line) or _COMPILE_COLD.search(line):
+        return LogEvent(phase, line, {"phase": "compile_source", "warm": bool(_COMPILE_WARM.search(line))})
+    if m := _COMPILE_CACHE.search(line):
+        return LogEvent(EventKind.COMPILE_CACHE, line, {"path": m.group(1)})
+    if m := _INIT_ENGINE.search(line):
+        data: dict[str, Any] = {"phase": "init", "seconds": float(m.group(1))}
+        if m.group(2):
+            data["compile_s"] = float(m.group(2))
+        return LogEvent(phase, line, data)
+    return None
+
+
 def _stats_event(line: str) -> LogEvent | None:
     """The periodic ``Engine 000: Avg prompt throughput ...`` line (keys as SGLang's decode line)."""
     m = _STATS.search(line)
@@ -241,6 +297,7 @@ _PARSERS: tuple[Callable[[str], LogEvent | None], ...] = (
     _stats_event,
     _kv_event,
     _graph_event,
+    _startup_event,
     _version_event,
     _non_default_event,
     _ready_event,
@@ -411,6 +468,53 @@ class VllmAdapter(EngineAdapter):
         if "VLLM_HTTP_TIMEOUT_KEEP_ALIVE" in {**os.environ, **self.settings.env}:
             return {}
         return {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(MEASUREMENT_KEEP_ALIVE_S)}
+
+    def weight_cache_unsupported(self, version: str | None) -> str | None:
+        """``vllm preload`` and ``--load-format ipc_cache`` arrived in 0.34; the CPU build maps no
+        CUDA IPC handles."""
+        if not version:
+            return "vLLM's version is not known (its log did not print it)"
+        if version_tuple(version) < WEIGHT_CACHE_SINCE:
+            return f"vLLM {version} has no weight-cache daemon (`vllm preload` arrived in 0.34)"
+        if self.runs_on_cpu():
+            return "vLLM's CPU build maps no CUDA IPC handles from a weight-cache daemon"
+        return None
+
+    def weight_daemon(self, flags: Mapping[str, Any], socket_dir: Path, port: int) -> WeightDaemon:
+        """``vllm preload`` with the engine's key flags, its sockets in ``socket_dir`` and its
+        /health on ``port``; engines map its weights zero-copy (the daemon's memory counts inside
+        their --gpu-memory-utilization budget, so the memory edge means what it meant without it)
+        and load from disk if it is gone (``fallback``)."""
+        merged = {**self.to_flags(self.settings.fixed_flags), **flags}
+        key_flags = {f: merged[f] for f in _WEIGHT_KEY_FLAGS if merged.get(f) is not None}
+        argv = [
+            *self._preload_prefix(),
+            "--model",
+            self.settings.model,
+            *self.render_flags(key_flags),
+            "--weight-cache-socket-dir",
+            str(socket_dir),
+            "--weight-cache-health-host",
+            self.settings.host,
+            "--weight-cache-health-port",
+            str(port),
+        ]
+        key = (("model", self.settings.model), *((f, str(v)) for f, v in sorted(key_flags.items())))
+        extra = json.dumps({"mode": "zero_copy", "socket_dir": str(socket_dir), "fallback": True})
+        client = {"--load-format": "ipc_cache", "--model-loader-extra-config": extra}
+        url = f"http://{self.settings.host}:{port}/health"
+        return WeightDaemon(argv, {**LAUNCH_ENV, **self.settings.env}, url, key, client, "zero_copy")
+
+    def _preload_prefix(self) -> list[str]:
+        """The launch command with the ``preload`` subcommand: ``vllm serve`` → ``vllm preload``,
+        the API-server module → vLLM's CLI module, else the command takes it as its first word
+        (``vllm``, the simulator)."""
+        prefix = self.launch_prefix()
+        if prefix[-1] == "serve":
+            return [*prefix[:-1], "preload"]
+        if prefix[-1] == self.default_module:
+            return [*prefix[:-1], "vllm.entrypoints.cli.main", "preload"]
+        return [*prefix, "preload"]
 
     def memory_semantics(self, version: str | None) -> MemorySemantics:
         """0.34+ sizes an extensible KV cache after warm-up (utilization effectively 1.0, the

@@ -262,10 +262,11 @@ def print_trial_table(trials: list[optuna.trial.FrozenTrial]) -> None:
                 r.outcome or t.state.name.lower(),
                 metric_cell(m.get("output_throughput"), ",.1f"),
                 latency if m else "",
+                startup_cell(r.facts.get("startup") or {}),
                 _status_detail(t),
             )
         )
-    headers = ("#", "stage", "outcome", "tok/s", "p95 TTFT / TPOT ms")
+    headers = ("#", "stage", "outcome", "tok/s", "p95 TTFT / TPOT ms", "start-up s load/compile/graphs")
     # Every column but the last is as wide as its longest cell (headers wrap at spaces) and there
     # are no vertical rules: at 80 columns the knobs column still holds "memory_fraction=0.88" on
     # one line, and what is longer wraps there. Nothing is cut short.
@@ -273,7 +274,7 @@ def print_trial_table(trials: list[optuna.trial.FrozenTrial]) -> None:
     grid = table(
         [
             *(
-                (h, {"width": w, "justify": "right" if i in (0, 3, 4) else "left"})
+                (h, {"width": w, "justify": "right" if i in (0, 3, 4, 5) else "left"})
                 for i, (h, w) in enumerate(zip(headers, widths, strict=True))
             ),
             ("flags / reason", {}),
@@ -285,6 +286,30 @@ def print_trial_table(trials: list[optuna.trial.FrozenTrial]) -> None:
     for row in rows:
         grid.add_row(*row)
     print_table(grid)
+    if any("d" in row[5] or "w" in row[5] for row in rows):
+        console.print(STARTUP_LEGEND, highlight=False)
+
+
+#: What the marks in the start-up column mean.
+STARTUP_LEGEND = "start-up: d = weights mapped from the weight-cache daemon, w = compiled graphs loaded from the cache"
+
+
+def startup_cell(split: dict[str, Any]) -> str:
+    """``load/compile/graphs`` seconds as the engine logged them; ``d`` marks weights mapped from
+    a weight-cache daemon, ``w`` a compile loaded warm from the cache, ``-`` a phase not logged."""
+    if not split:
+        return ""
+    load = _seconds_cell(split.get("weights_s")) + (
+        "d" if str(split.get("weights_from", "")).startswith("daemon") else ""
+    )
+    compiled = _seconds_cell(split.get("compile_s")) + ("w" if split.get("compile_warm") else "")
+    return f"{load}/{compiled}/{_seconds_cell(split.get('capture_s'))}"
+
+
+def _seconds_cell(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
 
 
 def print_trials(frame: pd.DataFrame) -> None:

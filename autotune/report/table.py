@@ -44,6 +44,7 @@ def _row(t: optuna.trial.FrozenTrial, checked: dict[str, Any]) -> dict[str, Any]
     row.update({k: r.metrics.get(k) for k in KEY_METRICS})
     row.update({f"fact.{k}": v for k, v in r.facts.items() if not isinstance(v, (dict, list))})
     row.update({f"time.{k}": v for k, v in r.timings.items()})
+    row.update({f"startup.{k}": v for k, v in (r.facts.get("startup") or {}).items()})
     row["reason"] = r.reason or ""
     row["log_path"] = r.log_path or ""
     return row

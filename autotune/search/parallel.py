@@ -55,6 +55,7 @@ from autotune.search.stages import (
     snap_to_space,
 )
 from autotune.search.storage import superseded
+from autotune.search.weightcache import WeightCache
 
 __all__ = ["Slots", "orchestrate", "plan_slots"]
 
@@ -426,12 +427,24 @@ def orchestrate(run: StudyRun) -> None:
     worker = _Worker(run, slots, shared=shared)
     if slots.note:
         worker.progress.message(slots.note)
+    run.weights = WeightCache(
+        job.study.weight_cache, run.adapter, run.study, job.dir, worker.progress, why_not=_no_daemon(slots)
+    )
     try:
-        with worker.coord:
+        with worker.coord, run.weights:
             worker.run_method()
     except BaseException:
         worker.abort()
         raise
     finally:
+        run.weights = None
         if slots.allocator is not None:
             slots.allocator.close()
+
+
+def _no_daemon(slots: Slots) -> str | None:
+    """Why this box's slots rule out one weight-cache daemon for the study: its weights sit on
+    one GPU group, and trials that run at once or on groups the allocator picks may not share it."""
+    if slots.count > 1 or slots.allocator is not None:
+        return "trials run on several GPU groups (--parallel/--gpus); a daemon serves one group"
+    return None

@@ -38,6 +38,7 @@ __all__ = [
     "set_study_config",
     "set_validation",
     "set_verdict",
+    "set_weight_daemon",
     "stage_state",
     "stopped",
     "study_config",
@@ -46,6 +47,7 @@ __all__ = [
     "trial_records",
     "validation",
     "verdict",
+    "weight_daemon",
     "write_trial",
 ]
 
@@ -257,3 +259,15 @@ def lease(study: optuna.Study, key: str) -> dict[str, Any]:
 
 def set_lease(study: optuna.Study, key: str, value: Mapping[str, Any]) -> None:
     study.set_user_attr(key, dict(value))
+
+
+def weight_daemon(study: optuna.Study) -> dict[str, Any] | None:
+    """The study's running weight-cache daemon (its process group and argv), while one runs."""
+    value = study.user_attrs.get("weight_daemon")
+    return dict(value) if value else None
+
+
+def set_weight_daemon(study: optuna.Study, value: Mapping[str, Any] | None) -> None:
+    """Stored when the daemon starts, cleared when it stops: one left here was orphaned by a
+    killed tuner, and the next run reaps it."""
+    study.set_user_attr("weight_daemon", dict(value) if value else None)

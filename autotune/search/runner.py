@@ -53,6 +53,7 @@ from autotune.search.space import distribution, suggest, suggest_param
 from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded
 from autotune.search.trial import TrialResult, TrialSpec, run_trial
 from autotune.search.verdict import paired_gains, paired_verdict
+from autotune.search.weightcache import WeightCache
 
 __all__ = ["Placement", "StudyRun", "redact_env", "worker_id"]
 
@@ -112,6 +113,8 @@ class StudyRun:
         self.deadline = time.monotonic() + job.study.time_budget_s if job.study.time_budget_s else None
         self.worker = worker_id()
         self.placement: Placement = _anywhere
+        #: the study's weight-cache daemon, while the orchestrator holds one
+        self.weights: WeightCache | None = None
         self.claim_retry: Callable[[FrozenTrial], bool] = lambda trial: True
         # An enqueued trial is popped by whichever ask() comes next, and the sampler sees a
         # running trial only once its params are suggested: ask and sample one trial at a time.
@@ -132,6 +135,13 @@ class StudyRun:
         """Trials that count toward a stage's quota: finished and not superseded by a retry."""
         replaced = superseded(self.trials())
         return [t for t in self.trials(stage) if t.state.is_finished() and t.number not in replaced]
+
+    def engine_version(self) -> str | None:
+        """The engine's version as its first logged trial said it (None before any)."""
+        for r in trial_records(self.trials()):
+            if v := r.facts.get("engine_version"):
+                return str(v)
+        return None
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -206,6 +216,7 @@ class StudyRun:
                     stage,
                     flags,
                     trial_dir,
+                    launch_flags=self.weights.client_flags(flags, self.engine_version()) if self.weights else {},
                     repeats=self.job.study.repeats,
                     on_launch=lambda pgid: write_trial(trial, engine_pgid=pgid),
                     env=env,

@@ -132,17 +132,9 @@ def _memory_semantics(run: StudyRun) -> tuple[float, float, str]:
     """(safe start, upper bound, what the knob means for the installed engine)."""
     p = run.job.space.params[MEMORY]
     assert isinstance(p, FloatParam)
-    meaning = run.adapter.memory_semantics(_engine_version(run))
+    meaning = run.adapter.memory_semantics(run.engine_version())
     high = p.high if meaning.ceiling is None else min(p.high, meaning.ceiling)
     return max(p.low, meaning.start), high, meaning.note
-
-
-def _engine_version(run: StudyRun) -> str | None:
-    for r in trial_records(run.trials()):
-        v = r.facts.get("engine_version")
-        if v:
-            return str(v)
-    return None
 
 
 def _on_cpu(run: StudyRun) -> bool:

@@ -28,7 +28,7 @@ from autotune.bench.instruments import run_engine_client
 from autotune.bench.loadgen import BenchProgress, run_workload_sync
 from autotune.bench.stability import throughput_interval
 from autotune.config import CAPACITY_KEY, Workload
-from autotune.engines.base import STARTUP_FATAL, EngineAdapter, EventKind, LaunchSpec, LogEvent
+from autotune.engines.base import STARTUP_FATAL, EngineAdapter, EventKind, LaunchSpec, LogEvent, startup_split
 from autotune.engines.rootcause import root_cause
 from autotune.errors import (
     AutotuneError,
@@ -81,6 +81,9 @@ class TrialSpec:
     # False for a probe under a peak shape (the memory edge): it asks only whether the engine
     # survives the load, which a slow client does not change, and its value never ranks.
     judge_client: bool = True
+    # Flags that change how the engine starts, not what is measured (mapping its weights from
+    # the study's weight-cache daemon): launched and written to argv.json, never exported.
+    launch_flags: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -176,7 +179,8 @@ class _Trial:
         return event.kind in STARTUP_FATAL
 
     def launch_spec(self) -> LaunchSpec:
-        spec = self.adapter.build_launch(self.spec.flags, free_port(self.adapter.settings.host))
+        flags = {**self.spec.flags, **self.spec.launch_flags}
+        spec = self.adapter.build_launch(flags, free_port(self.adapter.settings.host))
         record = {
             "schema_version": SCHEMA_VERSION,
             "argv": spec.argv,
@@ -387,8 +391,11 @@ def run_trial(
     t0 = time.monotonic()
     try:
         launch = t.launch_spec()
-        result.argv, result.env = launch.argv, launch.env
-        result.engine_args = launch.argv[len(adapter.launch_prefix()) :]
+        # What is recorded for exports is the trial's own launch: the weight-cache flags point
+        # at this study's daemon, which a deployment does not have (argv.json keeps both).
+        plain = adapter.build_launch(spec.flags, launch.port) if spec.launch_flags else launch
+        result.argv, result.env = plain.argv, plain.env
+        result.engine_args = plain.argv[len(adapter.launch_prefix()) :]
         t.progress.phase("launching")
         argv, env = t.engine_command(launch)
         proc = EngineProcess(
@@ -480,6 +487,7 @@ def _event_facts(events: list[LogEvent], facts: Mapping[str, Any]) -> dict[str, 
                 out.setdefault("max_concurrency", event.data.get("max_concurrency"))
         elif event.kind == EventKind.VERSION:
             out.setdefault("engine_version", event.data.get("version"))
+    out["startup"] = startup_split(events) or None
     return {k: v for k, v in out.items() if k not in facts and v is not None}
 
 

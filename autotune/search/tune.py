@@ -32,9 +32,11 @@ from autotune.search.progress import NullProgress, Progress
 from autotune.search.record import (
     check_record_version,
     set_study_config,
+    set_weight_daemon,
     study_config,
     study_fingerprint,
     trial_records,
+    weight_daemon,
 )
 from autotune.search.runner import STAGE_SEARCH, StudyRun
 from autotune.search.storage import (
@@ -141,6 +143,18 @@ def _resume(study: optuna.Study, job: TuneJob, progress: Progress) -> None:
     reaped = reap_process_groups(pgids)
     if stale:
         progress.message(f"resumed: {len(stale)} interrupted trial(s) marked failed, {len(reaped)} engine(s) reaped")
+    _reap_weight_daemon(study, progress)
+
+
+def _reap_weight_daemon(study: optuna.Study, progress: Progress) -> None:
+    """A weight-cache daemon a killed tuner left running holds the model's weights on the GPU:
+    end it before this run's engines need the memory (its parent-death watchdog normally has)."""
+    daemon = weight_daemon(study)
+    if daemon is None or daemon.get("host", socket.gethostname()) != socket.gethostname():
+        return
+    if reap_process_groups([int(daemon["pgid"])]):
+        progress.message("resumed: the weight-cache daemon a stopped run left behind was ended")
+    set_weight_daemon(study, None)
 
 
 def join_job(name: str, storage_url: str, *, engine: Mapping[str, Any], study: Mapping[str, Any]) -> TuneJob:
