@@ -52,6 +52,7 @@ class LaunchRecord:
     engine_args: list[str] | None = None  # argv after the launch command (model + flags)
     device: str = "gpu"  # "cpu": tuned on a CPU build (vLLM-CPU): CPU image, no GPU request
     model: str | None = None  # the model as the engine was given it (a hub id or a local path)
+    weights_from: str | None = None  # "daemon:<mode>": the trial mapped its weights from the study's daemon
 
     def port_and_host(self) -> tuple[str | None, str | None]:
         return _value_after(self.argv, "--port"), _value_after(self.argv, "--host")
@@ -120,6 +121,7 @@ def to_bash(rec: LaunchRecord) -> str:
         lines.append(_comment(rec.summary))
     if rec.simulated:
         lines.append(_comment("Tuned on autotune's simulated engine: its numbers are modelled, not measured."))
+    lines.append(_comment(_daemon_note(rec)))
     lines.append(_comment(f"Generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}."))
     lines += [
         "set -euo pipefail",
@@ -135,6 +137,18 @@ def to_bash(rec: LaunchRecord) -> str:
     lines.append("exec " + " \\\n  ".join(_pair_flags(words)))
     del port  # the trial's port is throwaway; $PORT replaces it
     return "\n".join(lines) + "\n"
+
+
+def _daemon_note(rec: LaunchRecord) -> str:
+    """Whether the script needs a weight-cache daemon: never — the flags tuned do not depend on
+    where the weights came from, so the engine loads its own; say so when the trial had one."""
+    if rec.weights_from and rec.weights_from.startswith("daemon"):
+        mode = rec.weights_from.partition(":")[2] or "zero_copy"
+        return (
+            f"Needs no weight-cache daemon: the trial mapped its weights from the study's ({mode}), and the "
+            "engine loads them itself here with the same flags and memory budget."
+        )
+    return "Needs no weight-cache daemon: the engine loads its weights itself."
 
 
 def _pair_flags(words: list[str]) -> list[str]:

@@ -94,6 +94,7 @@ def launch_record(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Launc
         engine_args=record.engine_args,
         device="cpu" if runs_on_cpu(trial) else "gpu",
         model=engine_cfg.get("model"),
+        weights_from=(record.facts.get("startup") or {}).get("weights_from"),
     )
 
 

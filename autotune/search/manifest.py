@@ -2,8 +2,8 @@
 
 Written when a run of the study starts and again when it ends (the engine's version is known
 only once an engine has run): the job (engine without its environment, space, workload, study
-settings), the engine's name and version, the host (CPU and its instruction sets, memory, GPUs,
-Python, platform) and the autotune version. Someone holding only the results folder can tell
+settings), the engine's name, version and compile cache, the host (CPU and its instruction sets,
+memory, GPUs, Python, platform) and the autotune version. Someone holding only the results folder can tell
 what was tuned, where and with what.
 """
 
@@ -31,16 +31,18 @@ def write_manifest(folder: Path, study: optuna.Study, engine: dict[str, Any], co
 
     ``engine``: the adapter's name and whether it is simulated; the version comes from the
     trials that ran (the engine's own log or server)."""
-    versions = sorted(
-        {str(v) for r in trial_records(study.get_trials(deepcopy=False)) if (v := r.facts.get("engine_version"))}
-    )
+    records = trial_records(study.get_trials(deepcopy=False))
+    versions = sorted({str(v) for r in records if (v := r.facts.get("engine_version"))})
+    # Where the engine kept its compiled graphs: kept across trials (and studies), so a trial
+    # whose compile key an earlier one compiled starts warm. Read from the engine's own log.
+    compile_caches = sorted({str(c) for r in records if (c := (r.facts.get("startup") or {}).get("compile_cache"))})
     manifest = {
         "schema_version": MANIFEST_VERSION,
         "record_version": RECORD_VERSION,
         "autotune_version": __version__,
         "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "study": study.study_name,
-        "engine": {**engine, "versions": versions},
+        "engine": {**engine, "versions": versions, "compile_caches": compile_caches},
         "host": host_facts(),
         "config": config,
     }

@@ -80,15 +80,17 @@ def test_validation_and_memory_edges_keep_what_was_stored_before() -> None:
     assert record.memory_edges(study) == {"context=default,graph=default": 0.9, "context=4096,graph=default": None}
 
 
-def test_the_manifest_names_the_engine_versions_the_trials_reported(tmp_path: Path) -> None:
+def test_the_manifest_names_the_engine_versions_and_compile_caches_the_trials_reported(tmp_path: Path) -> None:
     study = _study()
     for version in ("0.32.0", "0.32.0", None):
         trial = study.ask()
-        write_trial(trial, facts={"engine_version": version} if version else {})
+        startup = {"compile_cache": "/c/torch_compile_cache/ab/rank_0_0/backbone"} if version else {}
+        write_trial(trial, facts={"engine_version": version, "startup": startup} if version else {})
         study.tell(trial, 1.0)
     path = write_manifest(tmp_path, study, {"name": "vllm", "simulated": False}, {"workload": {"name": "w"}})
     manifest = json.loads(path.read_text())
     assert manifest["schema_version"] == 1 and manifest["record_version"] == record.RECORD_VERSION
-    assert manifest["engine"] == {"name": "vllm", "simulated": False, "versions": ["0.32.0"]}
+    caches = ["/c/torch_compile_cache/ab/rank_0_0/backbone"]
+    assert manifest["engine"] == {"name": "vllm", "simulated": False, "versions": ["0.32.0"], "compile_caches": caches}
     assert manifest["config"] == {"workload": {"name": "w"}}
     assert set(manifest["host"]) >= {"cpu", "memory_bytes", "gpus", "python", "platform"}
