@@ -787,6 +787,11 @@ class StudySettings(StrictModel):
         default="auto",
         description="A daemon holds the weights across trials (vLLM ≥ 0.34): auto where the engine has one, on, off.",
     )
+    early_stop: bool = Field(
+        default=True,
+        description="End a search trial's benchmark once it cannot matter: an SLO already lost, a throughput "
+        "that cannot beat the best trial, or a dead engine.",
+    )
     heartbeat_s: int = Field(
         default=30,
         ge=1,

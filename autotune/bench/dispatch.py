@@ -19,13 +19,14 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from time import monotonic
 
 import httpx
 
 from autotune.bench.bodies import History, RequestFactory
+from autotune.bench.earlystop import STOPPED_ERROR
 from autotune.bench.metrics import CLIENT, RequestRecord
 from autotune.bench.plan import Session
 from autotune.bench.selfcheck import probe_loop
@@ -63,6 +64,7 @@ class ShardOutcome:
         loop_lags: Wake-up lags of the 10 ms probe timer (seconds).
         deadline_hit: The run deadline cut this shard short.
         dispatched: Sessions started before the end.
+        stopped: The run was stopped early (unfinished records carry ``STOPPED_ERROR``).
     """
 
     records: list[RequestRecord]
@@ -71,6 +73,7 @@ class ShardOutcome:
     loop_lags: list[float]
     deadline_hit: bool
     dispatched: int
+    stopped: bool = False
 
 
 @dataclass
@@ -119,6 +122,33 @@ def _mark_cut(records: Sequence[RequestRecord], deadline_s: float) -> None:
         sent = "cancelled" if r.start_time else "not sent"
         r.error = f"{sent} at the run deadline ({deadline_s:g} s)"
         r.failure_side = CLIENT  # the client's own bound cut it, not an answer of the engine
+
+
+def _mark_stopped(records: Sequence[RequestRecord]) -> None:
+    """Requests the early stop cut: no verdict of the engine on them, so no failure of either side."""
+    for r in records:
+        if not (r.success or r.error):
+            r.error = STOPPED_ERROR
+
+
+async def _until_stopped(work: Awaitable[None], stop: asyncio.Event | None) -> bool:
+    """Await ``work`` unless ``stop`` is set first; True when it was stopped (``work`` cancelled)."""
+    if stop is None:
+        await work
+        return False
+    main = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait({main, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not main.done():
+            main.cancel()
+            await asyncio.gather(main, return_exceptions=True)
+    if main in done:
+        main.result()
+        return False
+    return True
 
 
 class Dispatcher:
@@ -228,31 +258,37 @@ class Dispatcher:
             tasks.append(asyncio.create_task(self._session(session, first, recs, sem, arrival)))
         await asyncio.gather(*tasks)
 
-    async def run(self, prep: Prepared, t0: float, deadline_s: float) -> ShardOutcome:
+    async def run(
+        self, prep: Prepared, t0: float, deadline_s: float, stop: asyncio.Event | None = None
+    ) -> ShardOutcome:
         """Release the sessions from monotonic time ``t0`` on and wait for all of them.
 
         Args:
             prep: From :meth:`prepare`.
             t0: The run's start (``time.monotonic()``; may lie a little in the future).
             deadline_s: Seconds after ``t0`` when unfinished requests are cancelled.
+            stop: Set to end the run early: what is in flight is cancelled and left unfinished.
         """
         tasks: list[asyncio.Task[None]] = []
-        hit = False
+        hit = stopped = False
         with _frozen_gc():
             async with probe_loop() as probe:
                 cpu0 = time.thread_time()
                 try:
                     async with asyncio.timeout(max(0.0, t0 + deadline_s - monotonic())):
-                        await self._dispatch(prep, t0, tasks)
+                        stopped = await _until_stopped(self._dispatch(prep, t0, tasks), stop)
                 except TimeoutError:
                     hit = True
+                if hit or stopped:
                     await _cancel(tasks)
                 end = monotonic()
                 cpu = time.thread_time() - cpu0
         flat = [r for recs in prep.records for r in recs]
-        if hit:
+        if stopped:
+            _mark_stopped(flat)
+        elif hit:
             _mark_cut(flat, deadline_s)
-        return ShardOutcome(flat, end, cpu, list(probe.lags), hit, len(tasks))
+        return ShardOutcome(flat, end, cpu, list(probe.lags), hit, len(tasks), stopped)
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

@@ -51,6 +51,7 @@ from autotune.bench.arrivals import schedule
 from autotune.bench.bodies import RequestFactory, RequestShape
 from autotune.bench.cache import reset_prefix_cache
 from autotune.bench.dispatch import Dispatcher, Shard, ShardOutcome
+from autotune.bench.earlystop import STOPPED_ERROR, EarlyStop
 from autotune.bench.metrics import CLIENT, RequestRecord, compute_metrics, request_slos, workload_percentiles
 from autotune.bench.plan import Plan, Session, build_plan
 from autotune.bench.prompts import PromptFormat, ServerTokenizer
@@ -58,7 +59,7 @@ from autotune.bench.result import BenchProgress, BenchResult
 from autotune.bench.selfcheck import ClientCheck, assess_client, lag_tolerance
 from autotune.bench.stream import LiveCounters
 from autotune.bench.transport import ClientLanes, keepalive_expiry, make_client
-from autotune.bench.workers import WorkerJob, WorkerPool, available_cpus, make_shards, split_concurrency
+from autotune.bench.workers import PoolWatch, WorkerJob, WorkerPool, available_cpus, make_shards, split_concurrency
 from autotune.config import Workload
 from autotune.errors import BenchmarkError
 
@@ -73,6 +74,7 @@ __all__ = [
 ]
 
 PROGRESS_INTERVAL_S = 0.25
+EARLY_STOP_TICK_S = 0.1  # how often an in-process run asks its early stop whether to end
 DEADLINE_GRACE_S = 30.0
 WARMUP_STREAM = 1  # prompt stream of the warm-up requests: same shapes, different content
 ARRIVAL_STREAM = 2  # random stream of the arrival schedule, independent of the prompts
@@ -218,6 +220,7 @@ class _Measured:
     warmup_failed: int
     workers: int
     cpu_s: float
+    stopped: bool = False
 
 
 @dataclass
@@ -233,6 +236,7 @@ class _RunSpec:
     offsets: list[float]
     deadline_s: float
     on_progress: Callable[[BenchProgress], None] | None
+    early_stop: EarlyStop | None = None
 
     @property
     def collect_text(self) -> bool:
@@ -241,6 +245,29 @@ class _RunSpec:
     @property
     def warm_sessions(self) -> list[Session]:
         return self.warm.sessions if self.warm is not None else []
+
+    def begin_watch(self, t0: float) -> None:
+        if self.early_stop is not None:
+            self.early_stop.begin(t0, [t.output_len for s in self.plan.sessions for t in s.turns])
+
+
+def _observed(done: Callable[[RequestRecord], None], watch: EarlyStop | None) -> Callable[[RequestRecord], None]:
+    """``done``, and the early stop told of every finished request."""
+    if watch is None:
+        return done
+
+    def both(record: RequestRecord) -> None:
+        done(record)
+        watch.observe(record)
+
+    return both
+
+
+async def _watch_run(watch: EarlyStop, live: LiveCounters, stop: asyncio.Event) -> None:
+    """Ask the early stop, every tick, whether the run may end; set ``stop`` when it may."""
+    while watch.tick(monotonic(), live.token_chunks) is None:
+        await asyncio.sleep(EARLY_STOP_TICK_S)
+    stop.set()
 
 
 def _merge(outcomes: Sequence[ShardOutcome], plan: Plan) -> list[RequestRecord]:
@@ -272,7 +299,8 @@ async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
     """The whole run in this event loop."""
     w, live = spec.workload, LiveCounters()
     measure = _Progress("measure", spec.plan.num_requests, spec.on_progress)
-    dispatcher = Dispatcher(RequestFactory(spec.shape), lanes, live, measure.done, spec.collect_text)
+    on_done = _observed(measure.done, spec.early_stop)
+    dispatcher = Dispatcher(RequestFactory(spec.shape), lanes, live, on_done, spec.collect_text)
     warm_failed = 0
     if spec.warm is not None:
         warm = _Progress("warmup", spec.warm.num_requests, spec.on_progress)
@@ -281,11 +309,20 @@ async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
     n = len(spec.plan.sessions)
     prepared = dispatcher.prepare(Shard(spec.plan.sessions, list(range(n)), spec.offsets, w.arrival.concurrency))
     measure.start = t0 = monotonic()
-    outcome = await dispatcher.run(prepared, t0, spec.deadline_s)
+    spec.begin_watch(t0)
+    stop = asyncio.Event() if spec.early_stop is not None else None
+    watcher = asyncio.create_task(_watch_run(spec.early_stop, live, stop)) if spec.early_stop and stop else None
+    try:
+        outcome = await dispatcher.run(prepared, t0, spec.deadline_s, stop)
+    finally:
+        if watcher is not None:
+            watcher.cancel()
     measure.finish()
     records = _merge([outcome], spec.plan)
     check = _check(spec, t0, records, [outcome])
-    return _Measured(records, outcome.end - t0, outcome.deadline_hit, check, warm_failed, 1, outcome.cpu_s)
+    m = _Measured(records, outcome.end - t0, outcome.deadline_hit, check, warm_failed, 1, outcome.cpu_s)
+    m.stopped = outcome.stopped
+    return m
 
 
 async def _measure_sharded(spec: _RunSpec, workers: int) -> _Measured:
@@ -304,6 +341,7 @@ async def _measure_sharded(spec: _RunSpec, workers: int) -> _Measured:
             shard,
             spec.deadline_s,
             spec.keepalive_s,
+            report_records=spec.early_stop is not None,
         )
         for i, shard in enumerate(shards)
     ]
@@ -313,7 +351,7 @@ async def _measure_sharded(spec: _RunSpec, workers: int) -> _Measured:
         warm_progress.set(len(warm), warm_failed, 0)
         warm_progress.finish()
         measure = _Progress("measure", spec.plan.num_requests, spec.on_progress)
-        t0, outcomes = await pool.run(measure.set)
+        t0, outcomes = await pool.run(measure.set, _pool_watch(spec))
         measure.set(spec.plan.num_requests, sum(not r.success for o in outcomes for r in o.records), measure.chunks)
         measure.finish()
     records = _merge(outcomes, spec.plan)
@@ -321,7 +359,19 @@ async def _measure_sharded(spec: _RunSpec, workers: int) -> _Measured:
     check = _check(spec, t0, records, outcomes)
     hit = any(o.deadline_hit for o in outcomes)
     cpu = sum(o.cpu_s for o in outcomes)
-    return _Measured(records, end - t0, hit, check, warm_failed, workers, cpu)
+    return _Measured(records, end - t0, hit, check, warm_failed, workers, cpu, any(o.stopped for o in outcomes))
+
+
+def _pool_watch(spec: _RunSpec) -> PoolWatch | None:
+    """The early stop as the worker pool consults it: the measured start, finished requests, ticks."""
+    watch = spec.early_stop
+    if watch is None:
+        return None
+    return PoolWatch(
+        begin=spec.begin_watch,
+        observe=watch.observe,
+        should_stop=lambda chunks: watch.tick(monotonic(), chunks) is not None,
+    )
 
 
 async def run_workload(
@@ -337,6 +387,7 @@ async def run_workload(
     workers: int | None = None,
     salt: int | None = None,
     server_keep_alive_s: float | None = None,
+    early_stop: EarlyStop | None = None,
 ) -> BenchResult:
     """Run ``workload`` against the server at ``base_url`` and measure it.
 
@@ -360,6 +411,9 @@ async def run_workload(
         server_keep_alive_s: The server's keep-alive timeout, when known (vLLM's
             ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``); the client drops idle connections a second before
             it (:func:`~autotune.bench.transport.keepalive_expiry`). Default: the engines' 5 s.
+        early_stop: Ends the measured phase once it decides the run cannot matter
+            (:mod:`autotune.bench.earlystop`); the result then holds the requests finished by
+            then and says why it stopped (``early_stop``).
 
     Returns:
         The measured result; failed requests are data in it, not exceptions.
@@ -387,13 +441,14 @@ async def run_workload(
         spec = await _spec(
             http, base, served, headers, workload, fmt, salt, (tls, keepalive_s), deadline_s, on_progress
         )
+        spec.early_stop = early_stop
         n = 1 if client is not None else (workers or auto_workers(workload, available_cpus()))
         measured = await (_measure_inline(spec, lanes) if n == 1 else _measure_sharded(spec, n))
     finally:
         await lanes.aclose()
         if client is None:
             await http.aclose()
-    return _result(workload, served, spec.plan, measured, salt, reset)
+    return _result(workload, served, spec.plan, measured, salt, reset, early_stop)
 
 
 async def _spec(
@@ -454,23 +509,46 @@ def _warnings(w: Workload, reset: str | None, records: Sequence[RequestRecord]) 
     return out
 
 
-def _result(w: Workload, model: str, plan: Plan, m: _Measured, salt: int, reset: str | None) -> BenchResult:
+def _stopped_part(m: _Measured) -> tuple[list[RequestRecord], list[RequestRecord]]:
+    """(the requests that finished, those the early stop cut) of a run."""
+    if not m.stopped:
+        return m.records, []
+    cut = [r for r in m.records if r.error == STOPPED_ERROR]
+    return [r for r in m.records if r.error != STOPPED_ERROR], cut
+
+
+def _count_cut_tokens(metrics: dict[str, float | int], cut: Sequence[RequestRecord], duration_s: float) -> None:
+    """A stopped run's throughput counts the tokens the engine had already streamed to the cut
+    requests: leaving them out would under-state the window's rate by what was in flight."""
+    if not cut:
+        return
+    chunks = sum(r.n_chunks for r in cut)
+    prompts = sum(r.prompt_len for r in cut if r.n_chunks)
+    metrics["output_throughput"] = float(metrics["output_throughput"]) + chunks / duration_s
+    metrics["total_token_throughput"] = float(metrics["total_token_throughput"]) + (chunks + prompts) / duration_s
+    metrics["stopped_in_flight"] = len(cut)
+
+
+def _result(
+    w: Workload, model: str, plan: Plan, m: _Measured, salt: int, reset: str | None, watch: EarlyStop | None = None
+) -> BenchResult:
     slos = request_slos(w.slos)
-    metrics = compute_metrics(
-        m.records, m.duration_s, percentiles=workload_percentiles(w.slos), goodput_slos=slos or None
-    )
+    kept, cut = _stopped_part(m)
+    metrics = compute_metrics(kept, m.duration_s, percentiles=workload_percentiles(w.slos), goodput_slos=slos or None)
+    _count_cut_tokens(metrics, cut, m.duration_s)
+    decision = watch.decision if watch is not None and m.stopped else None
     # Chat prompts carry the template's tokens, later turns the history: no exact target there.
     single_completions = w.endpoint == "completions" and w.dataset.kind == "random"
     return BenchResult(
         metrics=metrics,
-        records=m.records,
+        records=kept,
         duration_s=m.duration_s,
         model=model,
         workload=w,
         prompt_format=plan.format,
         client=m.client,
-        clamped_requests=_count_clamped(m.records),
-        prompt_len_mismatches=_count_prompt_mismatches(m.records) if single_completions else 0,
+        clamped_requests=_count_clamped(kept),
+        prompt_len_mismatches=_count_prompt_mismatches(kept) if single_completions else 0,
         prompts_off_target=plan.off_target,
         deadline_hit=m.deadline_hit,
         warmup_failed=m.warmup_failed,
@@ -478,9 +556,10 @@ def _result(w: Workload, model: str, plan: Plan, m: _Measured, salt: int, reset:
         num_sessions=len(plan.sessions),
         salt=salt,
         prefix_cache_reset=reset,
-        warnings=_warnings(w, reset, m.records),
+        warnings=_warnings(w, reset, kept),
         client_workers=m.workers,
         client_cpu_s=m.cpu_s,
+        early_stop=decision.to_json() if decision is not None else None,
     )
 
 
@@ -495,6 +574,7 @@ def run_workload_sync(
     prompt_format: PromptFormat | None = None,
     workers: int | None = None,
     salt: int | None = None,
+    early_stop: EarlyStop | None = None,
 ) -> BenchResult:
     """:func:`run_workload` for synchronous callers (runs its own event loop).
 
@@ -519,5 +599,6 @@ def run_workload_sync(
             prompt_format=prompt_format,
             workers=workers,
             salt=salt,
+            early_stop=early_stop,
         )
     )

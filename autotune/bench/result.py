@@ -70,6 +70,9 @@ class BenchResult:
         client_workers: Event loops (processes) that generated the load.
         client_cpu_s: CPU seconds the event-loop threads spent on the measured run, all workers.
         date: Local start time, ``YYYYmmdd-HHMMSS`` as vLLM writes it.
+        early_stop: Why the run ended early (``reason``, ``at_requests``, ``evidence``; see
+            :mod:`autotune.bench.earlystop`), or None for a run that went to its end. A stopped
+            run's records and metrics are the requests that finished before the stop.
     """
 
     metrics: dict[str, float | int]
@@ -92,6 +95,7 @@ class BenchResult:
     client_workers: int = 1
     client_cpu_s: float = 0.0
     date: str = field(default_factory=lambda: datetime.now().strftime("%Y%m%d-%H%M%S"))
+    early_stop: dict[str, Any] | None = None
 
     @property
     def client_limited(self) -> bool:
@@ -201,6 +205,7 @@ class BenchResult:
             "client_error_samples": _error_samples([r for r in self.records if r.failure_side == CLIENT]),
             "retried_requests": self.retried_requests,
             "retry_samples": _retry_samples(self.records),
+            "early_stop": self.early_stop,
         }
 
     def _per_request(self) -> dict[str, list[Any]]:

@@ -30,8 +30,9 @@ import os
 import pickle
 import struct
 import sys
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic
 from typing import Any, BinaryIO
@@ -44,7 +45,7 @@ from autotune.bench.stream import LiveCounters
 from autotune.bench.transport import KEEPALIVE_EXPIRY_S, ClientLanes
 from autotune.errors import BenchmarkError
 
-__all__ = ["WorkerJob", "WorkerPool", "available_cpus", "make_shards", "split_concurrency"]
+__all__ = ["PoolWatch", "WorkerJob", "WorkerPool", "available_cpus", "make_shards", "split_concurrency"]
 
 WORKER_COMMAND = "from autotune.bench.workers import main; main()"
 START_AHEAD_S = 0.1  # the common start lies this far ahead of the "go", so every worker is asleep by then
@@ -65,6 +66,18 @@ class WorkerJob:
     shard: Shard
     deadline_s: float
     keepalive_s: float = KEEPALIVE_EXPIRY_S  # idle-connection expiry of its clients (transport.keepalive_expiry)
+    # Send finished requests with each progress report and obey a "stop" from the parent (early stop).
+    report_records: bool = False
+
+
+@dataclass(frozen=True)
+class PoolWatch:
+    """How the parent's early stop follows a sharded run: told the common start, fed every
+    finished request, and asked with the live chunk count whether to stop every worker."""
+
+    begin: Callable[[float], None]
+    observe: Callable[[RequestRecord], None]
+    should_stop: Callable[[int], bool]
 
 
 def split_concurrency(total: int | None, workers: int) -> list[int | None]:
@@ -114,14 +127,23 @@ def _read_frame(stream: BinaryIO) -> tuple[Any, ...]:
 
 # --------------------------------------------------------------------------- the worker process
 class _Counts:
-    """Finished and failed requests of one phase, sent to the parent as progress."""
+    """Finished and failed requests of one phase, sent to the parent as progress (with the
+    finished requests themselves when ``keep``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
         self.done = self.failed = 0
+        self.keep = keep
+        self.fresh: list[RequestRecord] = []
 
     def add(self, record: RequestRecord) -> None:
         self.done += 1
         self.failed += not record.success
+        if self.keep:
+            self.fresh.append(record)
+
+    def take(self) -> list[RequestRecord]:
+        fresh, self.fresh = self.fresh, []
+        return fresh
 
 
 class _Channel:
@@ -142,12 +164,25 @@ class _Channel:
 async def _report(channel: _Channel, counts: _Counts, live: LiveCounters) -> None:
     while True:
         await asyncio.sleep(REPORT_INTERVAL_S)
-        channel.send("progress", counts.done, counts.failed, live.token_chunks)
+        channel.send("progress", counts.done, counts.failed, live.token_chunks, counts.take())
+
+
+def _listen_for_stop(stop: asyncio.Event) -> None:
+    """Set ``stop`` when the parent says "stop". A daemon thread reads stdin, so a worker whose
+    run ended on its own exits without waiting for a message that never comes."""
+    loop = asyncio.get_running_loop()
+
+    def read() -> None:
+        with contextlib.suppress(EOFError, OSError, RuntimeError):  # RuntimeError: the run already ended
+            if _read_frame(sys.stdin.buffer)[0] == "stop":
+                loop.call_soon_threadsafe(stop.set)
+
+    threading.Thread(target=read, name="stop-listener", daemon=True).start()
 
 
 async def _work(channel: _Channel, job: WorkerJob) -> None:
     lanes = ClientLanes(job.shape.timeout_s, tls=job.tls, keepalive_expiry_s=job.keepalive_s)
-    live, measured = LiveCounters(), _Counts()
+    live, measured = LiveCounters(), _Counts(keep=job.report_records)
     dispatcher = Dispatcher(RequestFactory(job.shape), lanes, live, measured.add, job.collect_text)
     try:
         warm_failed = await dispatcher.warmup(job.warm_sessions, job.warm_concurrency)
@@ -156,11 +191,15 @@ async def _work(channel: _Channel, job: WorkerJob) -> None:
         message = await channel.receive()
         if message[0] != "go":
             return
+        stop = asyncio.Event() if job.report_records else None
+        if stop is not None:
+            _listen_for_stop(stop)
         reporter = asyncio.create_task(_report(channel, measured, live))
         try:
-            outcome = await dispatcher.run(prepared, message[1], job.deadline_s)
+            outcome = await dispatcher.run(prepared, message[1], job.deadline_s, stop)
         finally:
             reporter.cancel()
+        channel.send("progress", measured.done, measured.failed, live.token_chunks, measured.take())
         channel.send("done", outcome)
     finally:
         await lanes.aclose()
@@ -186,6 +225,7 @@ class _Worker:
     reader: asyncio.Task[None]
     outcome: ShardOutcome | None = None
     progress: tuple[int, int, int] = (0, 0, 0)
+    fresh: list[RequestRecord] = field(default_factory=list)  # finished requests not yet passed on
 
 
 ProgressFn = Callable[[int, int, int], None]
@@ -275,22 +315,47 @@ class WorkerPool:
             raise BenchmarkError("a load-generator worker exited without a result; see its stderr above")
         if message[0] == "progress":
             w.progress = (message[1], message[2], message[3])
+            w.fresh.extend(message[4])
         elif message[0] == "done":
             w.outcome = message[1]
         return message
 
-    async def run(self, on_progress: ProgressFn | None = None) -> tuple[float, list[ShardOutcome]]:
-        """Start every worker's run at one monotonic time; return it and each worker's outcome."""
+    async def run(
+        self, on_progress: ProgressFn | None = None, watch: PoolWatch | None = None
+    ) -> tuple[float, list[ShardOutcome]]:
+        """Start every worker's run at one monotonic time; return it and each worker's outcome.
+        ``watch`` (jobs with ``report_records``) may stop every worker early."""
         t0 = monotonic() + START_AHEAD_S
-        for w in self._workers:
-            assert w.process.stdin is not None
-            w.process.stdin.write(_frame(("go", t0)))
-            await w.process.stdin.drain()
+        await self._send_all(("go", t0))
+        if watch is not None:
+            watch.begin(t0)
+        stopping = False
         while any(w.outcome is None for w in self._workers):
             for w in self._workers:
                 while not w.messages.empty():
                     self._handle(w, w.messages.get_nowait())
+            totals = [sum(col) for col in zip(*(w.progress for w in self._workers), strict=True)]
             if on_progress is not None:
-                on_progress(*(sum(col) for col in zip(*(w.progress for w in self._workers), strict=True)))
+                on_progress(*totals)
+            if watch is not None and not stopping:
+                stopping = self._pass_on(watch, totals[2])
+                if stopping:
+                    await self._send_all(("stop",))
             await asyncio.sleep(POLL_INTERVAL_S)
         return t0, [w.outcome for w in self._workers if w.outcome is not None]
+
+    def _pass_on(self, watch: PoolWatch, chunks: int) -> bool:
+        """Feed the finished requests to ``watch``; whether it says stop."""
+        for w in self._workers:
+            for record in w.fresh:
+                watch.observe(record)
+            w.fresh.clear()
+        return watch.should_stop(chunks)
+
+    async def _send_all(self, message: tuple[Any, ...]) -> None:
+        for w in self._workers:
+            assert w.process.stdin is not None
+            if w.outcome is None:  # a worker that is done reads nothing more
+                w.process.stdin.write(_frame(message))
+                with contextlib.suppress(ConnectionError):
+                    await w.process.stdin.drain()

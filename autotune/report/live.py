@@ -135,6 +135,8 @@ class LiveProgress:
         pool = summary.get("pool") or {}
         if summary["stage"] == "memory_edge" and "kv_tokens" in pool:  # a probe: the pool is the point
             detail += f", KV {pool['kv_tokens']:,} tokens, {pool.get('preemptions', '?')} preemptions (peak shape)"
+        if stop := summary.get("early_stop"):  # the run ended early: say why, with its evidence
+            detail += f"; stopped early ({stop['reason']} at {stop['at_requests']} requests: {stop['evidence']})"
         t = summary.get("timings", {})
         self._line(
             f"trial {summary['number']} → {summary['outcome']}: {detail} "

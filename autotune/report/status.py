@@ -234,9 +234,17 @@ def _status_detail(t: optuna.trial.FrozenTrial) -> str:
     params = " ".join(f"{k}={format_value(v)}" for k, v in (r.params or {}).items())
     outcome = r.outcome or t.state.name.lower()
     reason = explain(t) if outcome != "ok" else ""
+    if r.early_stop:
+        reason = "; ".join(filter(None, [reason, f"stopped early: {r.early_stop['evidence']}"]))
     if reason:
         return f"{params} — {reason[:160]}" if params else reason[:160]
     return params + _probe_pool(r) + _reruns(r)
+
+
+def outcome_cell(t: optuna.trial.FrozenTrial, r: TrialRecord) -> str:
+    """The outcome, and the early stop that ended the trial's run, when one did."""
+    outcome = r.outcome or t.state.name.lower()
+    return f"{outcome} (stopped: {r.early_stop['reason']})" if r.early_stop else outcome
 
 
 def _probe_pool(r: TrialRecord) -> str:
@@ -259,7 +267,7 @@ def print_trial_table(trials: list[optuna.trial.FrozenTrial]) -> None:
             (
                 str(t.number),
                 r.stage,
-                r.outcome or t.state.name.lower(),
+                outcome_cell(t, r),
                 metric_cell(m.get("output_throughput"), ",.1f"),
                 latency if m else "",
                 startup_cell(r.facts.get("startup") or {}),

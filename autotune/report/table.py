@@ -34,6 +34,7 @@ def _row(t: optuna.trial.FrozenTrial, checked: dict[str, Any]) -> dict[str, Any]
         "trial": t.number,
         "stage": r.stage,
         "outcome": r.outcome or t.state.name.lower(),
+        "early_stop": (r.early_stop or {}).get("reason"),
         "value": t.values[0] if t.values else None,
         "validated_median": checked.get("median"),
         "validated_spread": checked.get("spread"),

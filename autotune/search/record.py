@@ -95,6 +95,8 @@ class TrialRecord:
     engine_args: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)
     log_path: str | None = None
+    # A benchmark run that ended early: {"reason": slo_lost | cannot_win | server_dead, "at_requests", "evidence"}
+    early_stop: dict[str, Any] | None = None
 
     @property
     def started(self) -> bool:

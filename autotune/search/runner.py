@@ -25,6 +25,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.bench.earlystop import CANNOT_WIN
 from autotune.config import SearchSpace, Workload, as_given
 from autotune.engines.base import EngineAdapter
 from autotune.engines.rootcause import UNTUNED_KINDS
@@ -51,7 +52,7 @@ from autotune.search.record import (
 )
 from autotune.search.space import distribution, suggest, suggest_param
 from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded
-from autotune.search.trial import TrialResult, TrialSpec, run_trial
+from autotune.search.trial import TrialResult, TrialSpec, early_stop_policy, run_trial
 from autotune.search.verdict import paired_gains, paired_verdict
 from autotune.search.weightcache import WeightCache
 
@@ -227,6 +228,7 @@ class StudyRun:
                     # Real engines only: the simulator's runs are deterministic and its clock compressed.
                     stable_within=None if self.job.engine.simulated or probe else STABLE_WITHIN,
                     judge_client=not probe,
+                    early_stop=early_stop_policy(self.job.study, stage, probe, self._incumbent),
                 )
                 result = run_trial(spec, self.adapter, workload, self.progress)
         except BaseException:
@@ -304,13 +306,25 @@ class StudyRun:
             engine_args=result.engine_args,
             env=redact_env(result.env),
             log_path=result.log_path,
+            early_stop=result.early_stop,
         )
         for name, slack in result.score.constraints.items():
             trial.set_constraint(name, slack)
         if result.outcome.retryable:
             self.study.tell(trial, state=TrialState.FAIL)
+        elif (result.early_stop or {}).get("reason") == CANNOT_WIN:
+            # Pruned, not complete: its value is a partial run's, so it must not rank as a full
+            # observation (nor ever be best or a finalist: those are complete trials). TPE puts
+            # pruned trials below every complete one, which is what the stop proved.
+            trial.report(result.score.value, 0)
+            self.study.tell(trial, state=TrialState.PRUNED)
         else:
             self.study.tell(trial, result.score.values)
+
+    def _incumbent(self) -> float | None:
+        """The best served trial's objective value so far (what a search trial must beat)."""
+        best = best_trial(self.study)
+        return None if best is None else primary_value(best)
 
     def best_summary(self) -> dict[str, Any] | None:
         best = best_trial(self.study)

@@ -20,14 +20,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from autotune import __version__
 from autotune.bench import prometheus, quality
 from autotune.bench.capacity import search_capacity
+from autotune.bench.earlystop import REASONS, SERVER_DEAD, SLO_LOST, EarlyStop, EarlyStopPolicy, StopDecision
 from autotune.bench.gauges import GaugeSampler
 from autotune.bench.instruments import run_engine_client
 from autotune.bench.loadgen import BenchProgress, run_workload_sync
 from autotune.bench.stability import throughput_interval
-from autotune.config import CAPACITY_KEY, Workload
+from autotune.config import CAPACITY_KEY, StudySettings, Workload
 from autotune.engines.base import STARTUP_FATAL, EngineAdapter, EventKind, LaunchSpec, LogEvent, startup_split
 from autotune.engines.rootcause import root_cause
 from autotune.errors import (
@@ -48,7 +51,7 @@ from autotune.search.diagnosis import WHERE, client_problem, failed_at, in_fligh
 from autotune.search.objective import Score, score
 from autotune.search.progress import NullProgress, Progress
 
-__all__ = ["TrialResult", "TrialSpec", "run_trial"]
+__all__ = ["NEVER_STOPPED", "TrialResult", "TrialSpec", "early_stop_policy", "run_trial"]
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
@@ -84,6 +87,8 @@ class TrialSpec:
     # Flags that change how the engine starts, not what is measured (mapping its weights from
     # the study's weight-cache daemon): launched and written to argv.json, never exported.
     launch_flags: Mapping[str, Any] = field(default_factory=dict)
+    # What may end a benchmark run early (autotune.bench.earlystop); None: every run goes to its end.
+    early_stop: EarlyStopPolicy | None = None
 
 
 @dataclass
@@ -103,6 +108,7 @@ class TrialResult:
     reason: str = ""  # the log line or error that explains a failure
     log_path: str = ""
     score: Score | None = None
+    early_stop: dict[str, Any] | None = None  # why a run ended early: reason, at_requests, evidence
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -111,6 +117,7 @@ class TrialResult:
             "outcome": str(self.outcome),
             "value": self.score.value if self.score else None,
             "reason": self.reason,
+            "early_stop": self.early_stop,
             "metrics": self.metrics,
             "timings": self.timings,
             "pool": {k: self.facts[k] for k in ("kv_tokens", "preemptions") if k in self.facts},
@@ -125,6 +132,29 @@ class TrialResult:
 GAUGE_INTERVAL_S = 0.5  # one /metrics read per half second: negligible next to the workload
 CLIENT_RERUNS = 2  # a client-limited run is run again this many times before the trial gives up
 LENGTHENINGS, MAX_GROWTH = 2, 4.0  # a short run is lengthened at most twice, each time ≤ 4× the prompts
+SERVER_POLL_S = 1.0  # how often a run with early stop looks whether its engine is still alive
+HEALTH_TIMEOUT_S, HEALTH_MISSES = 3.0, 3  # this many failed health checks in a row: the engine is dead
+
+
+#: Stages whose runs always go to their end: every gain is measured against the baseline and
+#: re-measured by validation, and a memory probe's failure under load is its answer.
+NEVER_STOPPED = frozenset({"baseline", "validation", "memory_edge"})
+
+
+def early_stop_policy(
+    settings: StudySettings, stage: str, probe: bool, incumbent: Callable[[], float | None]
+) -> EarlyStopPolicy | None:
+    """What may end a trial's runs early (None: nothing). A dead engine always may; a lost SLO
+    only with one run per trial (with repeats the median of the runs decides); ``cannot_win``
+    only in the search stage, whose trials rank against the incumbent (``incumbent()``: the best
+    served trial's value), while the stages before it compare a run with their own last step."""
+    if not settings.early_stop or probe or stage in NEVER_STOPPED:
+        return None
+    if settings.repeats > 1:
+        return EarlyStopPolicy(frozenset({SERVER_DEAD}))
+    if stage != "search":
+        return EarlyStopPolicy(frozenset({SLO_LOST, SERVER_DEAD}))
+    return EarlyStopPolicy(REASONS, incumbent=incumbent())
 
 
 def _explain(result: TrialResult, t: _Trial, err: AutotuneError) -> None:
@@ -165,6 +195,7 @@ class _Trial:
         self.reruns: list[dict[str, Any]] = []  # runs thrown away because the client limited them
         self.attempts: list[dict[str, Any]] = []  # every run's JSON, the one an engine died in too
         self.lengthened: list[dict[str, Any]] = []  # runs replaced by longer ones, and why
+        self.early_stop: dict[str, Any] | None = None  # the run that ended early, and why
         self.ready = False
         self.proc: EngineProcess | None = None
         self.timings: dict[str, float] = {}
@@ -242,6 +273,8 @@ class _Trial:
             else:
                 self.runs.append(self._valid_run(launch, proc, i))
             self._check_engine(proc)
+            if self.early_stop is not None:
+                break  # the trial's verdict is known: the other repeats cannot change it
 
     def _check_engine(self, proc: EngineProcess) -> None:
         if self.watchdog.fired:
@@ -257,22 +290,49 @@ class _Trial:
         """
         problem = ""
         for attempt in range(CLIENT_RERUNS + 1):
+            run = self._watched_run(launch, proc)
+            problem = client_problem(run) if self.spec.judge_client else ""
+            if not problem and run.get("early_stop"):
+                # A stopped run is final: its verdict is known, and lengthening it would undo the saving.
+                self.early_stop = run["early_stop"]
+                return run
+            if not problem:
+                return self._long_enough(launch, proc, run) if self.spec.judge_client else run
+            self.reruns.append({"repeat": repeat, "attempt": attempt, "reason": problem})
+            self.progress.message(f"  run {repeat + 1} not scored: {problem}; running it again")
+        raise ClientLimited(f"client-limited in all {CLIENT_RERUNS + 1} attempts, last: {problem}")
+
+    def _watched_run(self, launch: LaunchSpec, proc: EngineProcess) -> dict[str, Any]:
+        """One run of the workload, ended early when the trial's policy allows and the run cannot
+        matter; an engine that dies mid-run ends it at once (:class:`_ServerMonitor`)."""
+        policy = self.spec.early_stop if self.spec.judge_client else None
+        watch = EarlyStop(policy, self.workload) if policy is not None else None
+        monitor = _ServerMonitor(proc, watch, self.watchdog) if watch is not None else None
+        try:
             result = run_workload_sync(
                 launch.base_url,
                 self.workload,
                 api_key=self.adapter.api_key(),
                 on_progress=self._bench_progress,
                 deadline_s=self.spec.bench_timeout_s,
+                early_stop=watch,
             )
-            run = result.to_json(detailed=True)
-            self.attempts.append(run)
+        finally:
+            if monitor is not None:
+                monitor.stop()
+        run = result.to_json(detailed=True)
+        self.attempts.append(run)
+        try:
+            if monitor is not None and monitor.error is not None:
+                raise monitor.error
             self._check_engine(proc)  # a dead engine's refused connections are not the client's fault
-            problem = client_problem(run) if self.spec.judge_client else ""
-            if not problem:
-                return self._long_enough(launch, proc, run) if self.spec.judge_client else run
-            self.reruns.append({"repeat": repeat, "attempt": attempt, "reason": problem})
-            self.progress.message(f"  run {repeat + 1} not scored: {problem}; running it again")
-        raise ClientLimited(f"client-limited in all {CLIENT_RERUNS + 1} attempts, last: {problem}")
+        except EngineCrashed as err:
+            if watch is not None and (run.get("early_stop") or run.get("failed_engine") or (monitor and monitor.error)):
+                # The engine died during the run; whatever ended it first (the refused requests of
+                # a dead engine can fail it fast, or lose its SLO), that is why it ended.
+                self.early_stop = StopDecision(SERVER_DEAD, watch.completed, str(err)).to_json()
+            raise
+        return run
 
     def _long_enough(self, launch: LaunchSpec, proc: EngineProcess, run: dict[str, Any]) -> dict[str, Any]:
         """The run, or a longer one when its throughput is not pinned down within
@@ -351,6 +411,52 @@ class _Trial:
         self.progress.bench_progress(p.completed, p.total, p.output_throughput)
 
 
+class _ServerMonitor:
+    """Ends a watched run at once when its engine died: the process exited, or its health route
+    failed :data:`HEALTH_MISSES` checks in a row (a check that timed out counts only while no
+    token arrived either: a saturated engine may answer its health route late). Without it the
+    requests in flight would sit out their timeouts before the trial could say why."""
+
+    def __init__(self, proc: EngineProcess, watch: EarlyStop, watchdog: _Watchdog):
+        self.proc, self.watch, self.watchdog = proc, watch, watchdog
+        self.error: EngineCrashed | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="engine-monitor", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        misses = 0
+        while not self._done.wait(SERVER_POLL_S):
+            code = self.proc.returncode
+            if code is not None:
+                self._dead(f"engine exited (code {code}) mid-run", code)
+                return
+            misses = 0 if self._healthy() else misses + 1
+            if misses >= HEALTH_MISSES:
+                self._dead(f"engine health route {self.proc.health_url} failed {misses} checks in a row", None)
+                return
+
+    def _healthy(self) -> bool:
+        url = self.proc.health_url
+        if url is None:
+            return True
+        try:
+            return httpx.get(url, timeout=HEALTH_TIMEOUT_S, trust_env=False).status_code == 200
+        except httpx.TimeoutException:
+            return self.watchdog.quiet_for() < HEALTH_TIMEOUT_S  # late but streaming: busy, not dead
+        except httpx.HTTPError:
+            return False
+
+    def _dead(self, why: str, code: int | None) -> None:
+        log.warning("%s; stopping the run", why)
+        self.error = EngineCrashed(f"{why}; see {self.proc.log_path}", returncode=code, log_path=self.proc.log_path)
+        self.watch.request_stop(SERVER_DEAD, why)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=HEALTH_TIMEOUT_S + 2)
+
+
 class _Watchdog:
     """Kills an engine that stopped producing tokens mid-benchmark (alive, /health 200, but hung):
     without it every in-flight request would sit out its full timeout."""
@@ -366,6 +472,10 @@ class _Watchdog:
     def observe(self, progress: float) -> None:
         if progress > self._seen:
             self._seen, self._last = progress, time.monotonic()
+
+    def quiet_for(self) -> float:
+        """Seconds since the benchmark last made progress."""
+        return time.monotonic() - self._last
 
     def _watch(self) -> None:
         while not self._done.wait(1.0):
@@ -432,6 +542,8 @@ def run_trial(
         result.facts = facts if agreement is None else {**facts, "quality_agreement": agreement}
         result.score = score(Outcome.OK, result.metrics, workload, quality=agreement)
         result.outcome = Outcome.SLO_VIOLATION if result.score.violations else Outcome.OK
+        if (t.early_stop or {}).get("reason") == SLO_LOST:
+            result.outcome = Outcome.SLO_VIOLATION  # the bound proved the full run would miss it
     except InvalidFlags as err:
         result.outcome, result.reason = Outcome.INVALID_FLAGS, str(err)
     except StartupTimeout as err:
@@ -451,6 +563,7 @@ def run_trial(
         result.outcome = Outcome.CRASH
         _explain(result, t, err)
     result.facts.update(_event_facts(t.events, result.facts))
+    result.early_stop = t.early_stop
     if result.score is None:
         result.score = score(result.outcome, {}, workload)
     t.timings["total_s"] = time.monotonic() - t0
