@@ -216,7 +216,7 @@ class EarlyStop:
         self.completed = self.engine_failures = 0
         self._output_tokens = self._chunks = 0
         self._completions: list[float] = []
-        self._samples = _Samples()
+        self._samples: dict[int, _Samples] = {}  # per event loop (worker) that streams
         self._t0 = 0.0
 
     # -- fed by the load generator
@@ -224,7 +224,6 @@ class EarlyStop:
         """The measured phase starts at ``t0``, its planned requests asking these output lengths."""
         self._t0, self.planned = t0, len(output_lens)
         self._itl_room = sum(n + ITL_CHUNK_ALLOWANCE for n in output_lens)
-        self._samples.add(t0, 0)
 
     def observe(self, record: RequestRecord) -> None:
         """A finished request (successful or not)."""
@@ -243,12 +242,21 @@ class EarlyStop:
                 for value in _values(metric, record):
                     tally.add(value)
 
-    def tick(self, now: float, chunks: int) -> StopDecision | None:
-        """The live count of streamed chunks at ``now``; the decision, once there is one."""
+    def sample(self, at: float, chunks: int, source: int = 0) -> None:
+        """Token chunks one event loop (``source``: a worker) had streamed by monotonic time ``at``."""
         with self._lock:
-            self._samples.add(now, chunks)
+            series = self._samples.setdefault(source, _Samples())
+            if not series.times:
+                series.add(self._t0, 0)
+            series.add(at, chunks)
+
+    def tick(self, now: float, chunks: int | None = None) -> StopDecision | None:
+        """The decision, once there is one; ``chunks``: this event loop's live count at ``now``."""
+        if chunks is not None:
+            self.sample(now, chunks)
+        with self._lock:
             if self._decision is None:
-                self._decision = self._slo_lost() or self._cannot_win(now)
+                self._decision = self._slo_lost() or self._cannot_win()
             return self._decision
 
     def request_stop(self, reason: str, evidence: str) -> None:
@@ -286,11 +294,11 @@ class EarlyStop:
             return self.planned
         return tally.count + max(self._itl_room, 0) if self._itl_exact else None
 
-    def _cannot_win(self, now: float) -> StopDecision | None:
+    def _cannot_win(self) -> StopDecision | None:
         incumbent = self.policy.incumbent
         if not self.policy.allows(CANNOT_WIN) or incumbent is None or not self._judges_output_throughput():
             return None
-        steady_from = self._steady_from()
+        steady_from, now = self._steady_from(), self._known_until()
         if self.completed < self.policy.min_requests or steady_from is None:
             return None
         if now - steady_from < self.policy.min_seconds:
@@ -320,10 +328,15 @@ class EarlyStop:
             return None
         return max(self._t0, sorted(self._completions)[turnover - 1])
 
+    def _known_until(self) -> float:
+        """The latest time every event loop has reported its chunks for: past it, a rate would
+        miss the tokens of the loops not yet heard from (and look lower than it is)."""
+        return min((series.times[-1] for series in self._samples.values()), default=self._t0)
+
     def _batch_rates(self, start: float, end: float) -> list[float]:
         width = (end - start) / BATCHES
         edges = [start + i * width for i in range(BATCHES + 1)]
-        counts = [self._samples.at(t) for t in edges]
+        counts = [sum(series.at(t) for series in self._samples.values()) for t in edges]
         return [(b - a) / width for a, b in itertools.pairwise(counts)]
 
 

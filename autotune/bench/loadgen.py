@@ -370,7 +370,8 @@ def _pool_watch(spec: _RunSpec) -> PoolWatch | None:
     return PoolWatch(
         begin=spec.begin_watch,
         observe=watch.observe,
-        should_stop=lambda chunks: watch.tick(monotonic(), chunks) is not None,
+        sample=watch.sample,
+        should_stop=lambda: watch.tick(monotonic()) is not None,
     )
 
 

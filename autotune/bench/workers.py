@@ -77,7 +77,8 @@ class PoolWatch:
 
     begin: Callable[[float], None]
     observe: Callable[[RequestRecord], None]
-    should_stop: Callable[[int], bool]
+    sample: Callable[[float, int, int], None]  # (when, chunks streamed, worker index)
+    should_stop: Callable[[], bool]
 
 
 def split_concurrency(total: int | None, workers: int) -> list[int | None]:
@@ -164,7 +165,7 @@ class _Channel:
 async def _report(channel: _Channel, counts: _Counts, live: LiveCounters) -> None:
     while True:
         await asyncio.sleep(REPORT_INTERVAL_S)
-        channel.send("progress", counts.done, counts.failed, live.token_chunks, counts.take())
+        channel.send("progress", counts.done, counts.failed, live.token_chunks, counts.take(), monotonic())
 
 
 def _listen_for_stop(stop: asyncio.Event) -> None:
@@ -199,7 +200,7 @@ async def _work(channel: _Channel, job: WorkerJob) -> None:
             outcome = await dispatcher.run(prepared, message[1], job.deadline_s, stop)
         finally:
             reporter.cancel()
-        channel.send("progress", measured.done, measured.failed, live.token_chunks, measured.take())
+        channel.send("progress", measured.done, measured.failed, live.token_chunks, measured.take(), monotonic())
         channel.send("done", outcome)
     finally:
         await lanes.aclose()
@@ -226,6 +227,7 @@ class _Worker:
     outcome: ShardOutcome | None = None
     progress: tuple[int, int, int] = (0, 0, 0)
     fresh: list[RequestRecord] = field(default_factory=list)  # finished requests not yet passed on
+    counted: list[tuple[float, int]] = field(default_factory=list)  # (when, chunks streamed) not yet passed on
 
 
 ProgressFn = Callable[[int, int, int], None]
@@ -316,6 +318,7 @@ class WorkerPool:
         if message[0] == "progress":
             w.progress = (message[1], message[2], message[3])
             w.fresh.extend(message[4])
+            w.counted.append((message[5], message[3]))
         elif message[0] == "done":
             w.outcome = message[1]
         return message
@@ -338,19 +341,22 @@ class WorkerPool:
             if on_progress is not None:
                 on_progress(*totals)
             if watch is not None and not stopping:
-                stopping = self._pass_on(watch, totals[2])
+                stopping = self._pass_on(watch)
                 if stopping:
                     await self._send_all(("stop",))
             await asyncio.sleep(POLL_INTERVAL_S)
         return t0, [w.outcome for w in self._workers if w.outcome is not None]
 
-    def _pass_on(self, watch: PoolWatch, chunks: int) -> bool:
-        """Feed the finished requests to ``watch``; whether it says stop."""
-        for w in self._workers:
+    def _pass_on(self, watch: PoolWatch) -> bool:
+        """Feed the finished requests and each worker's chunk counts to ``watch``; whether it says stop."""
+        for i, w in enumerate(self._workers):
             for record in w.fresh:
                 watch.observe(record)
+            for at, chunks in w.counted:
+                watch.sample(at, chunks, i)
             w.fresh.clear()
-        return watch.should_stop(chunks)
+            w.counted.clear()
+        return watch.should_stop()
 
     async def _send_all(self, message: tuple[Any, ...]) -> None:
         for w in self._workers:

@@ -323,9 +323,11 @@ class _Trial:
         run = result.to_json(detailed=True)
         self.attempts.append(run)
         try:
+            # The watchdog's verdict first, then the exit as the process reports it (a dead
+            # engine's refused connections are not the client's fault), then a failed health route.
+            self._check_engine(proc)
             if monitor is not None and monitor.error is not None:
                 raise monitor.error
-            self._check_engine(proc)  # a dead engine's refused connections are not the client's fault
         except EngineCrashed as err:
             if watch is not None and (run.get("early_stop") or run.get("failed_engine") or (monitor and monitor.error)):
                 # The engine died during the run; whatever ended it first (the refused requests of
