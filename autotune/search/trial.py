@@ -302,16 +302,17 @@ class _Trial:
             self.progress.message(f"  run {repeat + 1} not scored: {problem}; running it again")
         raise ClientLimited(f"client-limited in all {CLIENT_RERUNS + 1} attempts, last: {problem}")
 
-    def _watched_run(self, launch: LaunchSpec, proc: EngineProcess) -> dict[str, Any]:
-        """One run of the workload, ended early when the trial's policy allows and the run cannot
-        matter; an engine that dies mid-run ends it at once (:class:`_ServerMonitor`)."""
+    def _watched_run(self, launch: LaunchSpec, proc: EngineProcess, workload: Workload | None = None) -> dict[str, Any]:
+        """One run of the workload (or a longer one), ended early when the trial's policy allows and
+        the run cannot matter; an engine that dies mid-run ends it at once (:class:`_ServerMonitor`)."""
+        workload = workload or self.workload
         policy = self.spec.early_stop if self.spec.judge_client else None
-        watch = EarlyStop(policy, self.workload) if policy is not None else None
+        watch = EarlyStop(policy, workload) if policy is not None else None
         monitor = _ServerMonitor(proc, watch, self.watchdog) if watch is not None else None
         try:
             result = run_workload_sync(
                 launch.base_url,
-                self.workload,
+                workload,
                 api_key=self.adapter.api_key(),
                 on_progress=self._bench_progress,
                 deadline_s=self.spec.bench_timeout_s,
@@ -354,16 +355,13 @@ class _Trial:
                 f"  run of {duration:.1f} s: throughput ±{interval.relative:.0%}, not within ±{target:.0%}; "
                 f"running {longer.num_prompts} prompts"
             )
-            result = run_workload_sync(
-                launch.base_url, longer, api_key=self.adapter.api_key(), on_progress=self._bench_progress,
-                deadline_s=self.spec.bench_timeout_s,
-            )  # fmt: skip
-            candidate = result.to_json(detailed=True)
-            self.attempts.append(candidate)
-            self._check_engine(proc)
+            candidate = self._watched_run(launch, proc, longer)
             if client_problem(candidate):
                 break  # keep the shorter valid run rather than a limited longer one
             run, interval = candidate, throughput_interval(candidate)
+            if candidate.get("early_stop"):
+                self.early_stop = candidate["early_stop"]
+                break
         run["throughput_interval"] = interval.to_json()
         return run
 
