@@ -254,8 +254,9 @@ def test_policy_never_stops_baseline_validation_probes_or_with_the_option_off() 
         assert early_stop_policy(_settings(), stage, False, incumbent) is None
     assert early_stop_policy(_settings(), "search", True, incumbent) is None  # a probe's peak shape
     assert early_stop_policy(_settings(early_stop=False), "search", False, incumbent) is None
-    search = early_stop_policy(_settings(), "search", False, incumbent)
-    assert search is not None and search.reasons == REASONS and search.incumbent == 123.0
+    for stage in ("search", "scenario"):  # --method search, and the staged method's search
+        search = early_stop_policy(_settings(), stage, False, incumbent)
+        assert search is not None and search.reasons == REASONS and search.incumbent == 123.0
     graph = early_stop_policy(_settings(), "cuda_graph", False, incumbent)
     assert graph is not None and CANNOT_WIN not in graph.reasons and SLO_LOST in graph.reasons
     repeated = early_stop_policy(_settings(repeats=3), "search", False, incumbent)

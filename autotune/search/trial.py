@@ -139,6 +139,8 @@ HEALTH_TIMEOUT_S, HEALTH_MISSES = 3.0, 3  # this many failed health checks in a 
 #: Stages whose runs always go to their end: every gain is measured against the baseline and
 #: re-measured by validation, and a memory probe's failure under load is its answer.
 NEVER_STOPPED = frozenset({"baseline", "validation", "memory_edge"})
+#: Stages whose trials rank against the best so far: the staged method's scenario search, ``--method search``.
+RANKED_STAGES = frozenset({"scenario", "search"})
 
 
 def early_stop_policy(
@@ -146,13 +148,13 @@ def early_stop_policy(
 ) -> EarlyStopPolicy | None:
     """What may end a trial's runs early (None: nothing). A dead engine always may; a lost SLO
     only with one run per trial (with repeats the median of the runs decides); ``cannot_win``
-    only in the search stage, whose trials rank against the incumbent (``incumbent()``: the best
-    served trial's value), while the stages before it compare a run with their own last step."""
+    only in the search stages, whose trials rank against the incumbent (``incumbent()``: the best
+    served trial's value), while the context and graph stages compare a run with their own last step."""
     if not settings.early_stop or probe or stage in NEVER_STOPPED:
         return None
     if settings.repeats > 1:
         return EarlyStopPolicy(frozenset({SERVER_DEAD}))
-    if stage != "search":
+    if stage not in RANKED_STAGES:
         return EarlyStopPolicy(frozenset({SLO_LOST, SERVER_DEAD}))
     return EarlyStopPolicy(REASONS, incumbent=incumbent())
 
