@@ -36,9 +36,11 @@ __all__ = [
     "memory_verdict",
     "peak_workload",
     "plan_budget",
+    "predict_memory_edge",
     "scenario_of",
     "sequential_stages",
     "skip_stage",
+    "slo_first_move",
     "snap_to_space",
 ]
 
@@ -99,6 +101,43 @@ class MemoryProbe:
 
     def _snap(self, value: float) -> float:
         return round(round(value / self.step) * self.step, 4)
+
+
+# What serving adds beyond a start-up profile is unknown before a run under load: allocator
+# slack, blocks reserved after warm-up, mixed prefill/decode shapes. The tuning articles find
+# vLLM's --gpu-memory-utilization stable up to about 0.92–0.95 for single-GPU models, i.e. 5 % of
+# the card kept free, and runtime OOMs grow with the largest prefill batch. A prior only: the
+# probes that follow verify it under peak load and move it on the 0.02 grid.
+RUNTIME_MARGIN = 0.05  # of the card
+ACTIVATION_GROWTH = 0.5  # of the profiled activation peak
+
+
+def predict_memory_edge(facts: Mapping[str, Any], low: float, high: float) -> float | None:
+    """The highest memory fraction the baseline's start-up numbers say survives peak load, on the
+    0.02 grid within [low, high]; None when the engine did not log what the prediction needs.
+
+    ``memory_budget`` tells what the fraction means. ``total``: it caps everything the engine
+    allocates, the profiled activation peak and graph estimate included, so what lies outside it
+    (free − fraction × total) must hold only what serving adds beyond the profile. ``static``: it
+    is the share of free memory kept for weights and KV, so the rest must hold the activations,
+    the graphs and the run-time margin.
+    """
+    try:
+        total, free = float(facts["mem_total_gib"]), float(facts["mem_free_gib"])
+        act, graphs = float(facts["activation_peak_gib"]), float(facts.get("graph_gib") or 0.0)
+        budget = str(facts["memory_budget"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    margin = RUNTIME_MARGIN * total + ACTIVATION_GROWTH * act
+    if budget == "total":
+        missed = max(0.0, graphs - float(facts.get("graph_estimate_gib") or graphs))
+        fraction = (free - margin - missed) / total
+    elif budget == "static":
+        fraction = 1.0 - (act + graphs + margin) / free
+    else:
+        return None
+    snapped = math.floor(fraction / STEP + 1e-9) * STEP
+    return round(min(max(snapped, low), high), 4)
 
 
 def memory_verdict(outcome: str, facts: Mapping[str, Any]) -> str:
@@ -164,6 +203,10 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
         return None
     cpu = _on_cpu(run)
     start, high, note = _cpu_semantics(run) if cpu else _memory_semantics(run)  # high: the host's ceiling on CPU
+    predicted = None if cpu else _predicted_start(run, start, high)
+    if predicted is not None:
+        start = predicted
+        note += f"; the defaults' start-up memory predicts {predicted:.2f}, probing from there"
     run.progress.message(f"memory edge ({mode}): {note}")
     probe = MemoryProbe(start=start, high=high, mode=mode)
     peak = peak_workload(run.job.workload, _peak_concurrency(run, fixed))
@@ -203,6 +246,14 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
     set_memory_edge(run.study, key, edge)
     run.progress.message(_edge_line(edge, results, key, pool) + capped)
     return edge
+
+
+def _predicted_start(run: StudyRun, low: float, high: float) -> float | None:
+    """Where to start probing: the edge the earliest served run's start-up memory predicts."""
+    for r in trial_records(run.trials()):
+        if r.outcome in (Outcome.OK, Outcome.SLO_VIOLATION) and r.workload_override is None:
+            return predict_memory_edge(r.facts, low, high)
+    return None
 
 
 def _cpu_semantics(run: StudyRun) -> tuple[float, float, str]:
@@ -405,6 +456,46 @@ def snap_to_space(space: SearchSpace, wanted: Mapping[str, Any]) -> dict[str, An
         elif p is not None and p.type == "bool" and isinstance(value, bool):
             out[name] = value
     return out
+
+
+def slo_first_move(
+    violations: Mapping[str, float], facts: Mapping[str, Any], space: SearchSpace
+) -> tuple[dict[str, Any], str] | None:
+    """When the defaults break the SLO, the knobs to move before anything else, and why.
+
+    TTFT over its bound: prompts wait behind long prefill chunks, so a smaller batched-tokens
+    chunk. TPOT over its bound: every decode step carries too many sequences, so fewer running.
+    Preemptions: the running set outgrew the KV pool, so more KV when the memory stage will
+    raise it (no move here), else fewer running. ``facts`` gives the knobs the engine resolved
+    (``resolved_knobs``) and the running peak it logged.
+    """
+    resolved = facts.get("resolved_knobs") or {}
+    wanted: dict[str, Any] = {}
+    reasons: list[str] = []
+    if any("ttft" in k for k in violations) and resolved.get("batched_tokens"):
+        wanted["batched_tokens"] = _below(space, "batched_tokens", int(resolved["batched_tokens"]))
+        reasons.append("TTFT over its bound → a smaller prefill chunk")
+    running = int(facts.get("running_peak") or resolved.get("max_running") or 0)
+    if any("tpot" in k for k in violations) and running:
+        wanted["max_running"] = _below(space, "max_running", running)
+        reasons.append("TPOT over its bound → fewer sequences per decode step")
+    elif (facts.get("preemptions") or 0) > 0 and running and MEMORY not in space.params:
+        wanted["max_running"] = _below(space, "max_running", running)
+        reasons.append("preemptions → fewer running sequences")
+    move = {k: v for k, v in wanted.items() if v is not None}
+    return (move, "; ".join(reasons)) if move else None
+
+
+def _below(space: SearchSpace, name: str, current: int) -> Any:
+    """The space's largest value under half of ``current`` (or its smallest), None if not searched."""
+    p = space.params.get(name)
+    if isinstance(p, CategoricalParam):
+        values = sorted(int(c) for c in p.choices)
+        under = [v for v in values if v <= current // 2]
+        return under[-1] if under else values[0]
+    if isinstance(p, IntParam):
+        return max(p.low, min(p.high, current // 2))
+    return None
 
 
 def conservativeness_hint(facts: Mapping[str, Any], current: float) -> float | None:
