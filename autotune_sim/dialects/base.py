@@ -141,6 +141,18 @@ class Runtime:
         self.log = log
         self.server: asyncio.AbstractServer | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._exit_hooks: list[Callable[[], object]] = []
+
+    def at_exit(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` when the process leaves through :meth:`exit` or :meth:`kill_self`
+        (e.g. a co-terminal weight-cache daemon removing its socket)."""
+        self._exit_hooks.append(callback)
+
+    def _run_exit_hooks(self) -> None:
+        hooks, self._exit_hooks = self._exit_hooks, []
+        for hook in hooks:
+            with contextlib.suppress(Exception):  # leaving must not fail on a cleanup
+                hook()
 
     async def pause(self, modelled_s: float) -> None:
         """Let ``modelled_s`` modelled seconds pass (÷ speed-up on the wall clock)."""
@@ -187,11 +199,13 @@ class Runtime:
 
     def exit(self, code: int) -> None:
         """Leave now with ``code`` (no interpreter teardown, like a process that is done)."""
+        self._run_exit_hooks()
         self.log.flush()
         os._exit(code)
 
     def kill_self(self) -> None:
         """Die by SIGKILL, as SGLang's launcher does to its own tree after a child failed."""
+        self._run_exit_hooks()
         self.log.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 

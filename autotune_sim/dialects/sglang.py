@@ -37,6 +37,7 @@ from autotune_sim.dialects.base import (
     ts_sglang,
 )
 from autotune_sim.dialects.sglang_args import SUPPORTED_VERSIONS, StartupError, build_parser, resolve
+from autotune_sim.dialects.sglang_weight_cache import MAP_S, WeightCacheFetch, fetch_weights, start_engine_daemons
 from autotune_sim.engine import Engine, Fatal
 from autotune_sim.http import Request, Responder
 from autotune_sim.memory import CUDA_CONTEXT_GIB, GIB, SglangMemory, SglangMemoryPlan, footprint, plan_sglang
@@ -135,6 +136,9 @@ class SglangDialect(Dialect):
             self.main_log(f"Attention backend not specified. Use {cfg.attention_backend} backend by default.")
         if s.faults.hang_startup:
             await self.rt.hang()
+        self.wc: WeightCacheFetch | None = None
+        if cfg.weight_cache_mode != "off" and not await self._weight_cache():
+            return 1
         plan = self._plan()
         if not await self._start_scheduler(plan):
             return -9
@@ -150,9 +154,24 @@ class SglangDialect(Dialect):
         else:
             self.main_log(f"server_args={c.args}")
 
+    async def _weight_cache(self) -> bool:
+        """``--weight-cache-mode daemon|client``: start the engine's own daemons (daemon mode), then
+        ask the daemon on this GPU for the weights before memory is planned."""
+        c, s = self.cfg, self.settings
+        try:
+            if c.weight_cache_mode == "daemon":
+                await start_engine_daemons(s, self.log, c, self.rt)
+            self.wc = await fetch_weights(c, dict(s.engine_env))
+        except (RuntimeError, ValueError) as exc:
+            self._main_failed([f"{type(exc).__name__}: {exc}"])
+            return False
+        return True
+
     def _plan(self) -> SglangMemoryPlan:
         c, s = self.cfg, self.settings
         self.fp = footprint(c.model, tp=c.tp, pp=c.pp, dtype=c.dtype, kv_dtype=c.kv_dtype, quantization=c.quantization)
+        wc = self.wc
+        held = wc.daemon_bytes if wc is not None else 0.0
         return plan_sglang(
             SglangMemory(
                 gpu=s.gpu,
@@ -162,6 +181,8 @@ class SglangDialect(Dialect):
                 page_size=c.page_size,
                 decode_sizes=c.decode_sizes,
                 prefill_sizes=c.prefill_sizes,
+                other_process_gib=held / GIB,
+                preloaded_weights_bytes=held if wc is not None and wc.mapped else 0.0,
             )
         )
 
@@ -171,7 +192,13 @@ class SglangDialect(Dialect):
         await self.rt.pause(SCHEDULER_START_S + s.faults.slow_startup_s)
         self.sched_log(f"Memory baseline taken. mem usage={CUDA_CONTEXT_GIB:.2f} GB")
         self.sched_log(f"Load weight begin. avail mem={gib(plan.pre):.2f} GB")
-        load_s = 1.0 + self.fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S
+        wc = self.wc
+        for line in wc.lines if wc is not None else []:
+            self.sched_log(line)
+        if wc is not None and wc.error:
+            return self._scheduler_failed(wc.error)
+        mapped = wc is not None and wc.mapped
+        load_s = MAP_S if mapped else 1.0 + self.fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S
         await self.rt.pause(load_s)
         used = gib(plan.pre - plan.after_weights)
         if not c.release.per_phase_graphs:

@@ -41,6 +41,8 @@ class Release:
         sizes_on: Where the decode graph sizes are logged: ``"bs_line"`` (0.5.9's
             ``Capture cuda graph bs [..]``), ``"begin"`` (0.5.15-0.5.22) or ``"end"`` (0.5.23).
         logs_reduced_cap: Says when the KV pool lowers ``--max-running-requests`` (0.5.15+).
+        weight_cache: ``--weight-cache-mode/-socket/-timeout`` and the standalone
+            ``sglang.srt.weight_cache.daemon`` (0.5.23).
     """
 
     version: str
@@ -50,12 +52,13 @@ class Release:
     ready_route: bool
     sizes_on: str
     logs_reduced_cap: bool
+    weight_cache: bool = False
 
 
 RELEASES = {
     r.version: r
     for r in (
-        Release("0.5.23", True, False, True, True, "end", True),
+        Release("0.5.23", True, False, True, True, "end", True, weight_cache=True),
         Release("0.5.20", True, False, False, True, "begin", True),
         Release("0.5.15", True, True, False, False, "begin", True),
         Release("0.5.9", False, False, False, False, "bs_line", False),
@@ -160,6 +163,8 @@ def build_parser(version: str) -> argparse.ArgumentParser:
     )
     g.add_argument("--quantization", choices=QUANT, help="The quantization method.")
     g.add_argument("--kv-cache-dtype", default="auto", choices=KV_DTYPES, help="Data type for kv cache storage.")
+    if release.weight_cache:
+        _weight_cache_args(g)
     g = group("serving")
     g.add_argument("--host", default="127.0.0.1", help="The host of the HTTP server.")
     g.add_argument("--port", type=int, default=30000, help="The port of the HTTP server.")
@@ -292,6 +297,31 @@ def build_parser(version: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _weight_cache_args(group: Any) -> None:
+    """0.5.23's weight-cache flags (``arg_groups/fields/model.py``)."""
+    group.add_argument(
+        "--weight-cache-mode",
+        default="off",
+        choices=["off", "daemon", "client"],
+        help="Weight cache mode. 'off': normal disk loading. 'daemon': launch weight cache daemon (holds weights "
+        "in GPU memory). Engine-spawned daemons are co-terminal with the engine and do NOT persist across "
+        "restarts, so this alone does not speed up restart (the first start is slower). For fast recovery, run "
+        "the standalone daemon (python -m sglang.srt.weight_cache.daemon) and connect with 'client'. 'client': "
+        "connect to existing daemon and load via IPC.",
+    )
+    group.add_argument(
+        "--weight-cache-socket",
+        help="Unix socket path for weight cache daemon (client mode).If not set, derives the path from "
+        "SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE using the caller's physical GPU UUID.",
+    )
+    group.add_argument(
+        "--weight-cache-timeout",
+        type=int,
+        default=1800,
+        help="Timeout in seconds for weight cache daemon readiness (default: 1800).",
+    )
+
+
 class StartupError(Exception):
     """A configuration SGLang rejects; ``where`` is ``main`` (exit 1) or ``scheduler`` (tree killed)."""
 
@@ -343,6 +373,9 @@ class SglangConfig:
     skip_warmup: bool
     seed: int
     attention_backend: str
+    weight_cache_mode: str = "off"
+    weight_cache_socket: str | None = None
+    weight_cache_timeout: int = 1800
     warnings: list[str] = field(default_factory=list)
     args: dict[str, Any] = field(default_factory=dict)
 
@@ -386,6 +419,15 @@ def resolve(
     release = RELEASES[version]
     new = release.per_phase_graphs
     warnings: list[str] = []
+    if getattr(ns, "weight_cache_mode", "off") != "off" and ns.speculative_algorithm is not None:
+        raise StartupError(
+            "main",
+            [
+                "ValueError: --weight-cache-mode is not supported together with speculative decoding "
+                "(--speculative-algorithm): the weight cache daemon does not export the draft model's weights. "
+                "Disable one of them (--weight-cache-mode off) for this configuration."
+            ],
+        )
     tp, pp, dp = ns.tp_size, ns.pp_size, ns.dp_size
     context = ns.context_length or model.max_position
     if (
@@ -472,6 +514,9 @@ def resolve(
         skip_warmup=ns.skip_server_warmup,
         seed=ns.random_seed if ns.random_seed is not None else 0,
         attention_backend=backend,
+        weight_cache_mode=getattr(ns, "weight_cache_mode", "off"),
+        weight_cache_socket=getattr(ns, "weight_cache_socket", None),
+        weight_cache_timeout=getattr(ns, "weight_cache_timeout", 1800),
         warnings=warnings,
     )
     cfg.args = _resolved_args(ns, cfg, new)

@@ -24,6 +24,7 @@ import os
 from dataclasses import replace
 from typing import Any
 
+from autotune_sim.compile_cache import CompileCache
 from autotune_sim.dialects.base import (
     Dialect,
     Router,
@@ -41,6 +42,7 @@ from autotune_sim.dialects.vllm_args import (
     preprocess,
     resolve,
 )
+from autotune_sim.dialects.vllm_ipc import MAP_S, IpcFailure, IpcResult, negotiate
 from autotune_sim.engine import Engine, Fatal
 from autotune_sim.http import Request, Responder
 from autotune_sim.memory import (
@@ -66,6 +68,9 @@ IMPORT_S = 8.0  # Python imports and argument handling before the first line
 CORE_START_S = 3.0
 LOAD_BYTES_S = 2.5e9  # weight loading from a warm page cache
 COMPILE_S = 14.0
+# Loading compiled artifacts still re-traces the model with Dynamo: a warm start cuts compile time
+# by 60 %, the upper end of the 37-61 % reported for vLLM's AOT artifacts (vllm#37198).
+COMPILE_WARM_S = 0.4 * COMPILE_S
 PROFILE_S = 2.0
 CAPTURE_S_PER_GRAPH = 0.1
 EXIT_AFTER_DEATH_S = 5.0
@@ -88,6 +93,10 @@ class VllmDialect(Dialect):
                 stderr=True,
             )
             return 2
+        if argv[:1] == ["preload"]:
+            from autotune_sim.dialects.vllm_preload import run_preload
+
+            return run_preload(self.settings, self.log, argv[1:])
         argv = preprocess(argv)
         try:
             ns = build_parser(version).parse_args(argv)
@@ -122,11 +131,11 @@ class VllmDialect(Dialect):
     def core(self, msg: str, where: str = "core.py:93", level: str = "INFO") -> None:
         self._line("EngineCore_DP0", self.pid + 1, level, where, msg)
 
-    def worker(self, rank: int, msg: str, where: str) -> None:
+    def worker(self, rank: int, msg: str, where: str, level: str = "INFO") -> None:
         if self.cfg.tp * self.cfg.pp == 1:
-            self.core(msg, where)
+            self.core(msg, where, level)
         else:
-            self._line(f"Worker_TP{rank}", self.pid + 2 + rank, "INFO", where, msg)
+            self._line(f"Worker_TP{rank}", self.pid + 2 + rank, level, where, msg)
 
     def uvicorn(self, msg: str) -> None:
         self.log.write(f"INFO:     {msg}", stderr=True)
@@ -165,6 +174,9 @@ class VllmDialect(Dialect):
         self.core(f"Initializing a V1 LLM engine (v{cfg.version}) with config: {self._config_text()}")
         if s.faults.hang_startup:
             await self.rt.hang()
+        self.ipc: IpcResult | None = None
+        if not await self._weight_source():
+            return 1
         plan = self._plan()
         if not await self._start_engine(plan):
             return 1
@@ -184,7 +196,7 @@ class VllmDialect(Dialect):
             f"model='{c.model_name}', speculative_config=None, tokenizer='{c.model_name}', "
             f"skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, trust_remote_code=False, "
             f"dtype={dtype}, max_seq_len={c.max_model_len or c.derived_max_len}, download_dir=None, "
-            f"load_format=auto, tensor_parallel_size={c.tp}, pipeline_parallel_size={c.pp}, "
+            f"load_format={c.load_format}, tensor_parallel_size={c.tp}, pipeline_parallel_size={c.pp}, "
             f"data_parallel_size={c.dp}, disable_custom_all_reduce=False, quantization={c.quantization}, "
             f"enforce_eager={c.cudagraph_mode == 'NONE'}, kv_cache_dtype={c.kv_dtype}, "
             f"device_config={'cpu' if self.settings.cpu else 'cuda'}, "
@@ -209,6 +221,7 @@ class VllmDialect(Dialect):
             kv_cache_memory_bytes=c.kv_cache_memory_bytes,
             num_gpu_blocks_override=c.num_gpu_blocks_override,
             check_free=not c.extensible_kv,
+            **self._daemon_memory(),
         )
         if s.cpu:
             return self._plan_cpu()
@@ -230,21 +243,15 @@ class VllmDialect(Dialect):
         c = self.cfg
         if self.settings.cpu:
             return await self._start_cpu(plan)
-        if plan.failure == "free_memory":
-            return self._core_failed(
-                [
-                    f"ValueError: Free memory on device cuda:0 ({gib(plan.free_at_start):.2f}/"
-                    f"{gib(plan.total):.2f} GiB) on startup is less than desired GPU memory utilization "
-                    f"({c.utilization:.2f}, {gib(plan.requested):.2f} GiB). Decrease GPU memory utilization or "
-                    "reduce GPU memory used by other processes."
-                ]
-            )
+        if plan.failure in ("free_memory", "external_exceeds"):
+            return self._core_failed([self._budget_refusal(plan)])
+        self._external_budget_line(plan)
         if not await self._load(plan):
             return False
         if c.extensible_kv:  # 0.34: graphs first, then the cache grows into what is left
             if not await self._capture(plan):
                 return False
-            free_after = plan.free_at_start - plan.consumed - plan.graph_actual
+            free_after = plan.free_after_load - plan.graph_actual
             self.core(f"Memory after warmup: {gib(free_after):.2f} GiB free", "gpu_worker.py:512")
             self.core(
                 f"Extended KV cache to {plan.num_blocks} blocks ({gib(plan.kv_bytes):.2f} GiB).", "kv_cache.py:201"
@@ -253,9 +260,93 @@ class VllmDialect(Dialect):
                 return False
         elif not self._kv_lines(plan) or not await self._capture(plan):
             return False
-        total_s = 1.0 + self.fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S + (COMPILE_S if c.compile else 0) + PROFILE_S
-        self.core(f"init engine (profile, create kv cache, warmup model) took {total_s:.2f} seconds", "core.py:239")
+        self._init_engine_line()
         return True
+
+    def _budget_refusal(self, plan: VllmMemoryPlan) -> str:
+        """``request_memory``'s refusals (v1/worker/utils.py), with or without a daemon's mapped weights."""
+        c, external = self.cfg, self._external_bytes()
+        device = f"cuda:0 ({gib(plan.free_at_start):.2f}/{gib(plan.total):.2f} GiB)"
+        if plan.failure == "external_exceeds":
+            return (
+                f"ValueError: Externally held weights on device cuda:0 ({gib(external):.2f}/{gib(plan.total):.2f} "
+                f"GiB) exceed the desired GPU memory utilization ({c.utilization}, "
+                f"{gib(plan.requested + external):.2f} GiB). Increase GPU memory utilization or reduce GPU memory "
+                "used by other processes."
+            )
+        if external:
+            return (
+                f"ValueError: Free memory on device {device} on startup is less than the engine's budget after "
+                f"excluding external process's weights ({c.utilization}, {gib(plan.requested):.2f} GiB). "
+                "Decrease GPU memory utilization or reduce GPU memory used by other processes."
+            )
+        return (
+            f"ValueError: Free memory on device {device} on startup is less than desired GPU memory utilization "
+            f"({c.utilization:.2f}, {gib(plan.requested):.2f} GiB). Decrease GPU memory utilization or "
+            "reduce GPU memory used by other processes."
+        )
+
+    def _external_bytes(self) -> float:
+        ipc = self.ipc
+        return ipc.external_bytes if ipc is not None and ipc.mapped and ipc.mode == "zero_copy" else 0.0
+
+    def _external_budget_line(self, plan: VllmMemoryPlan) -> None:
+        external = self._external_bytes()
+        if external:
+            self.worker(
+                0,
+                f"Weights are held outside this process: of the {gib(plan.requested + external):.2f} GiB "
+                f"utilization budget, {gib(external):.2f} GiB is externally held and {gib(plan.requested):.2f} GiB "
+                "remains for the engine's own allocations.",
+                "utils.py:773",
+            )
+
+    def _init_engine_line(self) -> None:
+        """The engine core's start-up summary: profile, compile, KV cache and capture, not the load."""
+        compile_s = self._compile_s
+        init_s = compile_s + PROFILE_S + self._capture_s
+        if self.cfg.version < "0.34":
+            self.core(f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} seconds", "core.py:239")
+        elif compile_s:
+            self.core(
+                f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} s "
+                f"(compilation: {compile_s:.2f} s)",
+                "core.py:452",
+            )
+        else:
+            self.core(f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} s", "core.py:459")
+
+    async def _weight_source(self) -> bool:
+        """``--load-format ipc_cache`` (0.34): ask the weight-cache daemon before memory is planned,
+        as the worker does at init (``get_external_weight_memory``) and at load (``get_state``)."""
+        c = self.cfg
+        if c.load_format != "ipc_cache" or c.version < "0.34":
+            return True
+        if self.settings.cpu:
+            return self._core_failed(
+                [
+                    "vllm.model_executor.model_loader.weight_cache.protocol.UnsupportedPlatformForIPCError: platform "
+                    "'cpu' does not support CUDA IPC weight sharing; only CUDA and ROCm are supported. Use the "
+                    "default --load-format for this platform."
+                ]
+            )
+        try:
+            self.ipc = await negotiate(self.rt, c)
+        except IpcFailure as failure:
+            return self._core_failed(failure.lines)
+        return True
+
+    def _daemon_memory(self) -> dict[str, float]:
+        """How a weight-cache daemon on this GPU enters the memory plan (see ``VllmMemory``)."""
+        ipc = self.ipc
+        if ipc is None:
+            return {}
+        held = {"other_process_gib": ipc.daemon_bytes / GIB}
+        if ipc.mapped and ipc.mode == "zero_copy":
+            return {**held, "external_weight_bytes": ipc.external_bytes}
+        if ipc.mapped:
+            return {**held, "released_after_start": ipc.daemon_bytes}
+        return {**held, "fallback_credit_bytes": ipc.external_bytes}
 
     async def _start_cpu(self, plan: VllmMemoryPlan) -> bool:
         """vLLM-CPU's worker: the node-memory reservation, the load, then the KV cache it sets."""
@@ -313,21 +404,33 @@ class VllmDialect(Dialect):
         await self.rt.pause(s.faults.slow_startup_s)
         for rank in range(c.tp * c.pp):
             self.worker(rank, f"Starting to load model {c.model_name}...", "gpu_model_runner.py:3330")
-        load_s = 1.0 + self.fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S
+        if c.load_format == "ipc_cache" and c.version < "0.34":
+            return self._core_failed(["ValueError: Load format `ipc_cache` is not supported"])
+        self._ipc_lines()
+        mapped = self.ipc is not None and self.ipc.mapped
+        load_s = MAP_S if mapped else 1.0 + self.fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S
         await self.rt.pause(load_s)
         if plan.failure == "load_oom":
-            return self._core_failed(
-                torch_oom(self.fp.weight_bytes / 8, plan.free_at_start - plan.consumed, gpu.torch_total_gib)
+            return self._core_failed(torch_oom(self.fp.weight_bytes / 8, plan.free_after_load, gpu.torch_total_gib))
+        ipc = self.ipc
+        if ipc is not None and ipc.mapped:
+            self.worker(
+                0, f"Mapped {ipc.tensors} tensors from the weight cache daemon ({ipc.mode} mode)", "ipc_loader.py:330"
             )
+        held = 0.0 if self._external_bytes() else self.fp.weight_bytes
         for rank in range(c.tp * c.pp):
             self.worker(
                 rank,
-                f"Model loading took {gib(self.fp.weight_bytes):.2f} GiB memory and {load_s:.6f} seconds",
+                f"Model loading took {gib(held):.2f} GiB memory and {load_s:.6f} seconds",
                 "gpu_model_runner.py:3380",
             )
-        if c.compile:
-            await self.rt.pause(COMPILE_S)
-            self.core(f"torch.compile takes {COMPILE_S:.2f} s in total", "monitor.py:34")
+        if ipc is not None and not ipc.mapped and ipc.external_bytes:
+            self.worker(
+                0,
+                f"Updated engine memory budget after disk fallback: {gib(plan.requested):.2f} GiB",
+                "gpu_worker.py:607",
+            )
+        self._compile_s = await self._compile() if c.compile else 0.0
         await self.rt.pause(PROFILE_S)
         if plan.graph_estimate and not c.extensible_kv:
             self.core(
@@ -335,15 +438,61 @@ class VllmDialect(Dialect):
             )
         return True
 
+    def _ipc_lines(self) -> None:
+        """What the IPC loader said while it talked to the daemon."""
+        if self.ipc is None:
+            return
+        for where, msg in self.ipc.infos:
+            self.worker(0, msg, where)
+        for where, msg in self.ipc.warnings:
+            self.worker(0, msg, where, level="WARNING")
+
+    async def _compile(self) -> float:
+        """torch.compile: load the artifacts of an earlier start with the same key, else compile and
+        store them (``compilation/backends.py``, ``monitor.py``); returns the modelled seconds."""
+        c = self.cfg
+        cache = CompileCache(self.settings.engine_env, c.compile_factors)
+        rng = f"(1, {c.max_num_batched_tokens})"
+        if cache.enabled:
+            self.worker(
+                0, f"[backbone] Using cache directory: {cache.local_dir} for vLLM's torch.compile", "backends.py:1110"
+            )
+        else:
+            self.worker(0, "[backbone] vLLM's torch.compile cache is disabled.", "backends.py:1108")
+        if cache.warm:
+            total = COMPILE_WARM_S
+            await self.rt.pause(total)
+            self.worker(
+                0,
+                f"[backbone] Directly load the compiled graph(s) for compile range {rng} from the cache, "
+                f"took {total:.3f} s",
+                "backends.py:314",
+            )
+        else:
+            total = COMPILE_S
+            await self.rt.pause(total)
+            if cache.enabled:
+                self.worker(0, f"[backbone] Cache the graph of compile range {rng} for later use", "backends.py:405")
+            self.worker(
+                0, f"[backbone] Compiling a graph for compile range {rng} takes {0.9 * total:.2f} s", "backends.py:421"
+            )
+            cache.store()
+        if c.version < "0.34":
+            self.core(f"torch.compile takes {total:.2f} s in total", "monitor.py:34")
+        else:
+            self.core(f"torch.compile took {total:.2f} s in total", "monitor.py:62")
+        return total
+
     async def _capture(self, plan: VllmMemoryPlan) -> bool:
         """CUDA-graph capture, or the OOM it runs into after the KV cache took its share."""
         c, gpu = self.cfg, self.settings.gpu
+        self._capture_s = 0.0
         if not plan.graph_actual:
             return True
-        capture_s = CAPTURE_S_PER_GRAPH * len(c.capture_sizes) * c.graphs_per_size
+        capture_s = self._capture_s = CAPTURE_S_PER_GRAPH * len(c.capture_sizes) * c.graphs_per_size
         await self.rt.pause(capture_s)
         if plan.failure == "capture_oom":
-            free = plan.free_at_start - plan.consumed - plan.num_blocks * c.block_size * self.fp.kv_bytes_per_token
+            free = plan.free_after_load - plan.num_blocks * c.block_size * self.fp.kv_bytes_per_token
             return self._core_failed(
                 torch_oom(plan.capture_need - max(free, 0) + 0.25 * GIB, free, gpu.torch_total_gib)
             )
@@ -409,7 +558,7 @@ class VllmDialect(Dialect):
             "kv_cache_utils.py:1087",
         )
         fits = int(plan.kv_bytes)
-        full = int(plan.free_at_start - plan.consumed - plan.peak - plan.graph_estimate)
+        full = int(plan.free_after_load - plan.peak - plan.graph_estimate)
         self.core(
             f"Free memory on device ({gib(plan.free_at_start):.2f}/{gib(plan.total):.2f} GiB) on startup. Desired GPU "
             f"memory utilization is ({c.utilization}, {gib(plan.requested):.2f} GiB). Actual usage is "
@@ -792,10 +941,10 @@ def _extensible(plan: VllmMemoryPlan, m: VllmMemory) -> VllmMemoryPlan:
     reserve = plan.headroom - plan.runtime_free
     # The cache grows into what warm-up left, keeping a served full step's needs free.
     keep_free = plan.peak * (1 + FRAGMENTATION) + reserve
-    kv = min(plan.requested, plan.free_at_start) - plan.consumed - plan.graph_actual - keep_free
+    kv = min(plan.requested - plan.consumed, plan.free_after_load) - plan.graph_actual - keep_free
     block = m.block_size * fp.kv_bytes_per_token
     blocks = max(0, int(kv // block))
-    headroom = plan.free_at_start - plan.consumed - blocks * block - plan.graph_actual
+    headroom = plan.free_after_load - blocks * block - plan.graph_actual
     return replace(
         plan,
         kv_bytes=kv,

@@ -195,6 +195,12 @@ def _specs(version: str) -> list[Spec]:
         ("LoadConfig", ("--load-format",), {"type": str, "default": "auto"}, "The format of the model weights."),
         ("LoadConfig", ("--download-dir",), {"type": str, "default": None}, "Directory to download weights to."),
         (
+            "LoadConfig",
+            ("--model-loader-extra-config",),
+            {"type": _json, "default": {}},
+            "Extra config for model loader (JSON), passed to the loader of the chosen load format.",
+        ),
+        (
             "CacheConfig",
             ("--block-size",),
             {"type": int, "default": block_default},
@@ -564,6 +570,11 @@ class VllmConfig:
     force_include_usage: bool
     seed: int
     max_queued_reqs: int | None
+    load_format: str = "auto"
+    loader_extra: dict[str, Any] = field(default_factory=dict)
+    #: what vLLM 0.34 hashes into the torch.compile cache directory (``compile_cache.py``)
+    compile_factors: dict[str, Any] = field(default_factory=dict)
+    enable_expert_parallel: bool = False
     non_default: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -656,8 +667,47 @@ def resolve(ns: argparse.Namespace, settings: SimSettings, env: dict[str, str]) 
         force_include_usage=bool(ns.enable_force_include_usage),
         seed=ns.seed,
         max_queued_reqs=ns.max_num_queued_reqs,
+        load_format=ns.load_format,
+        loader_extra=dict(ns.model_loader_extra_config or {}),
+        compile_factors=_compile_factors(ns, version, model_name, max_len, seqs, batched, mode, sizes),
+        enable_expert_parallel=bool(ns.enable_expert_parallel),
         non_default=non_default_args(ns, version),
     )
+
+
+def _compile_factors(
+    ns: argparse.Namespace,
+    version: str,
+    model_name: str,
+    max_len: int | None,
+    seqs: int,
+    batched: int,
+    mode: str,
+    sizes: list[int],
+) -> dict[str, Any]:
+    """The flags vLLM 0.34's ``compile_factors`` keep (see ``compile_cache.py`` for the ignored ones)."""
+    return {
+        "vllm_version": version,  # the traced code differs between releases
+        "model": model_name,
+        "revision": ns.revision,
+        "dtype": ns.dtype,
+        "quantization": ns.quantization,
+        "max_model_len": max_len,
+        "hf_overrides": ns.hf_overrides,
+        "kv_cache_dtype": ns.kv_cache_dtype,
+        "block_size": ns.block_size,
+        "tensor_parallel_size": ns.tensor_parallel_size,
+        "pipeline_parallel_size": ns.pipeline_parallel_size,
+        "data_parallel_size": ns.data_parallel_size,
+        "enable_expert_parallel": bool(ns.enable_expert_parallel),
+        "max_num_seqs": seqs,
+        "max_num_batched_tokens": batched,
+        "optimization_level": ns.optimization_level,
+        "compilation_config": ns.compilation_config,
+        "cudagraph_mode": mode,
+        "cudagraph_capture_sizes": sizes,
+        "speculative_config": ns.speculative_config,
+    }
 
 
 def _check_ranges(ns: argparse.Namespace) -> None:

@@ -6,12 +6,15 @@ combined output is collected by a reader thread so tests can look for exact log 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +26,16 @@ import pytest
 from autotune_sim.dialects.sglang_args import RELEASES
 
 READY_TIMEOUT_S = 60.0
-FAST = {"AUTOTUNE_SIM_SPEEDUP": "500", "AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SEED": "0"}
+# The simulated vLLM keeps a torch.compile cache under VLLM_CACHE_ROOT (default ~/.cache/vllm):
+# the tests' engines use one of their own, so a user's cache never makes a test start warm.
+COMPILE_CACHE = tempfile.mkdtemp(prefix="autotune-sim-vllm-cache-")
+atexit.register(shutil.rmtree, COMPILE_CACHE, ignore_errors=True)
+FAST = {
+    "AUTOTUNE_SIM_SPEEDUP": "500",
+    "AUTOTUNE_SIM_GPU": "H100-80GB",
+    "AUTOTUNE_SIM_SEED": "0",
+    "VLLM_CACHE_ROOT": COMPILE_CACHE,
+}
 
 
 def free_port() -> int:
