@@ -41,8 +41,11 @@ def run_preload(settings: SimSettings, log: LogWriter, argv: list[str]) -> int:
             f"vllm: error: argument subparser: invalid choice: 'preload' (choose from {SUBCOMMANDS})", stderr=True
         )
         return 2
+    parser = _parser(settings.vllm_version)
     try:
-        ns = _parser(settings.vllm_version).parse_args(preprocess(argv))
+        ns = parser.parse_args(preprocess(argv))
+        if ns.model_tag is not None:  # preload takes the engine's flags only, no positional model
+            parser.error(f"unrecognized arguments: {ns.model_tag}")
     except SystemExit as exc:
         return int(exc.code or 0)
     return asyncio.run(Preload(settings, log).run(ns))
