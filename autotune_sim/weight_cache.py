@@ -10,6 +10,8 @@ accepted), and answers one JSON object per line:
 * ``{"cmd": "get_state", "key": {...}}`` → ``ok`` with ``memory_bytes`` and ``tensors``,
   ``{"status": "mismatch", "fields": [...], "daemon_key": {...}}``, or an ``error``
 * ``{"cmd": "release"}`` → the daemon drops its weights (vLLM's copy mode asks for it)
+* ``{"cmd": "watch"}`` → ``ok``, then the connection stays open until the daemon exits (vLLM's
+  zero_copy engines learn so that their daemon is gone)
 
 There is no GPU ledger shared between simulated processes: the bytes a daemon holds are the
 weight bytes the simulator's memory model gives for the daemon's own flags (``memory.footprint``),
@@ -39,6 +41,7 @@ __all__ = [
     "device_uuid",
     "md5_hex",
     "tensor_count",
+    "watch",
 ]
 
 CONNECT_TIMEOUT_S = 5.0
@@ -107,6 +110,7 @@ class DaemonServer:
     def __init__(self, path: str, store: WeightStore) -> None:
         self.path, self.store = path, store
         self._server: asyncio.AbstractServer | None = None
+        self._watchers: list[asyncio.StreamWriter] = []
 
     async def start(self, *, replace_stale: bool = True) -> None:
         directory = os.path.dirname(self.path)
@@ -119,16 +123,22 @@ class DaemonServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, ValueError):
-            line = await reader.readline()
-            reply = self.store.handle(json.loads(line or b"{}"))
+            request = json.loads(await reader.readline() or b"{}")
+            watch = request.get("cmd") == "watch"
+            reply = {"status": "ok"} if watch else self.store.handle(request)
             writer.write(json.dumps(reply).encode() + b"\n")
             await writer.drain()
+            if watch:  # held open for the daemon's lifetime
+                self._watchers.append(writer)
+                return
         writer.close()
 
     def close(self) -> None:
         """Stop serving and remove the socket file (a daemon's clean shutdown)."""
         if self._server is not None:
             self._server.close()
+        for watcher in self._watchers:
+            watcher.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
@@ -159,3 +169,13 @@ async def ask(path: str, request: Mapping[str, Any], timeout_s: float = CONNECT_
         raise DaemonRefused(104, "Connection reset by peer", path)
     reply: dict[str, Any] = json.loads(line)
     return reply
+
+
+async def watch(path: str, timeout_s: float = CONNECT_TIMEOUT_S) -> asyncio.StreamReader:
+    """Open a watch on the daemon at ``path``: the returned stream ends when the daemon exits."""
+    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout_s)
+    writer.write(json.dumps({"cmd": "watch"}).encode() + b"\n")
+    await writer.drain()
+    if not await asyncio.wait_for(reader.readline(), timeout_s):
+        raise DaemonRefused(104, "Connection reset by peer", path)
+    return reader

@@ -37,7 +37,13 @@ from autotune_sim.dialects.base import (
     ts_sglang,
 )
 from autotune_sim.dialects.sglang_args import SUPPORTED_VERSIONS, StartupError, build_parser, resolve
-from autotune_sim.dialects.sglang_weight_cache import MAP_S, WeightCacheFetch, fetch_weights, start_engine_daemons
+from autotune_sim.dialects.sglang_weight_cache import (
+    MAP_S,
+    WeightCacheFetch,
+    fetch_weights,
+    start_engine_daemons,
+    watch_daemon,
+)
 from autotune_sim.engine import Engine, Fatal
 from autotune_sim.http import Request, Responder
 from autotune_sim.memory import CUDA_CONTEXT_GIB, GIB, SglangMemory, SglangMemoryPlan, footprint, plan_sglang
@@ -198,6 +204,8 @@ class SglangDialect(Dialect):
         if wc is not None and wc.error:
             return self._scheduler_failed(wc.error)
         mapped = wc is not None and wc.mapped
+        if wc is not None and wc.daemon_pid and wc.daemon_pid != self.pid:  # its own daemon dies with it
+            self._watchdog = asyncio.create_task(watch_daemon(self.rt, wc.daemon_pid, self.sched_log))
         load_s = MAP_S if mapped else 1.0 + self.fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S
         await self.rt.pause(load_s)
         used = gib(plan.pre - plan.after_weights)

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,13 +39,14 @@ from autotune_sim.weight_cache import (
     tensor_count,
 )
 
-__all__ = ["WeightCacheFetch", "fetch_weights", "run_daemon", "socket_path", "start_engine_daemons"]
+__all__ = ["WeightCacheFetch", "fetch_weights", "run_daemon", "socket_path", "start_engine_daemons", "watch_daemon"]
 
 SOCKET_TEMPLATE = "/tmp/sglang_weight_cache_{device_uuid}.sock"
 READY_TEMPLATE = "/tmp/sglang_weight_cache_{device_uuid}.ready"
 LOAD_BYTES_S = 2.5e9  # the same disk read as an engine's cold load (sglang.py)
 DAEMON_IMPORT_S = 6.0
 MAP_S = 1.0  # mapping the daemon's IPC handles instead of reading the checkpoint
+LIVENESS_POLL_S = 5.0  # ipc_loader.py _DAEMON_LIVENESS_POLL_INTERVAL
 LOADER = "[IpcModelLoader]"
 
 
@@ -288,6 +290,7 @@ class WeightCacheFetch:
     daemon_bytes: float = 0.0  # what the daemon holds on the device at the engine's start
     mapped: bool = False
     tensors: int = 0
+    daemon_pid: int | None = None  # the client's liveness watchdog polls it
     lines: list[str] = field(default_factory=list)  # the loader's log lines, in order
     error: list[str] = field(default_factory=list)  # the loader raised: the scheduler dies
 
@@ -321,13 +324,26 @@ async def fetch_weights(cfg: SglangConfig, env: dict[str, str]) -> WeightCacheFe
             f"  Daemon config: {reply.get('daemon_key', {})}",
         ]
         return result
-    result.mapped, result.tensors = True, int(reply.get("tensors", 0))
+    result.mapped, result.tensors, result.daemon_pid = True, int(reply.get("tensors", 0)), reply.get("pid")
     result.lines += [
         f"{LOADER} Fetched {result.tensors} tensors from daemon (transport=torch_ipc) in 0.05s",
         f"{LOADER} Zero-copy: mapped {result.tensors} tensors (0 new post-quant), time={MAP_S - 0.1:.3f}s",
+        f"{LOADER} Started daemon-liveness watchdog for pid={result.daemon_pid}",
         f"{LOADER} Loaded model via IPC (mode={cfg.weight_cache_mode}), total={MAP_S:.2f}s",
     ]
     return result
+
+
+async def watch_daemon(rt: Runtime, pid: int, log: Callable[[str], None]) -> None:
+    """``_start_daemon_liveness_watchdog``: the mapped weights dangle once the daemon is gone, so
+    the engine kills itself (polled every 5 s)."""
+    while _alive(pid):
+        await rt.pause(LIVENESS_POLL_S)
+    log(
+        f"{LOADER} Weight cache daemon (pid={pid}) died while this engine holds its weights via CUDA IPC. The "
+        "mapped weight pointers are now dangling; continuing would read freed GPU memory. Terminating this process."
+    )
+    rt.kill_self()
 
 
 def _absent(cfg: SglangConfig, result: WeightCacheFetch) -> WeightCacheFetch:

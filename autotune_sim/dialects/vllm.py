@@ -19,6 +19,7 @@ It behaves as ``vllm serve`` / ``python -m vllm.entrypoints.openai.api_server`` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from dataclasses import replace
@@ -413,6 +414,8 @@ class VllmDialect(Dialect):
         if plan.failure == "load_oom":
             return self._core_failed(torch_oom(self.fp.weight_bytes / 8, plan.free_after_load, gpu.torch_total_gib))
         ipc = self.ipc
+        if ipc is not None and ipc.watch is not None:
+            self._watch_task = asyncio.create_task(self._watch_daemon(ipc.watch, ipc.socket_path))
         if ipc is not None and ipc.mapped:
             self.worker(
                 0, f"Mapped {ipc.tensors} tensors from the weight cache daemon ({ipc.mode} mode)", "ipc_loader.py:330"
@@ -437,6 +440,20 @@ class VllmDialect(Dialect):
                 f"Estimated CUDA graph memory: {gib(plan.graph_estimate):.2f} GiB total", "gpu_model_runner.py:4257"
             )
         return True
+
+    async def _watch_daemon(self, stream: asyncio.StreamReader, path: str) -> None:
+        """The daemon serving zero-copy weights exited: vLLM keeps serving from the mapping."""
+        with contextlib.suppress(OSError):
+            while await stream.read(1):
+                pass
+        self.worker(
+            0,
+            f"Weight cache daemon at {path} exited. This engine keeps serving: the CUDA driver keeps its mapped "
+            "weights alive until the engine exits. A restarted daemon holds a second copy of the weights on this "
+            "GPU, and engine restarts miss the cache until a daemon serves again.",
+            "ipc_loader.py:590",
+            level="WARNING",
+        )
 
     def _ipc_lines(self) -> None:
         """What the IPC loader said while it talked to the daemon."""

@@ -11,6 +11,7 @@ clones the weights and asks the daemon to release its own copy.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 
 from autotune_sim.dialects.base import Runtime
 from autotune_sim.dialects.vllm_args import VllmConfig
-from autotune_sim.weight_cache import DaemonAbsent, DaemonRefused, ask, device_uuid, md5_hex
+from autotune_sim.weight_cache import DaemonAbsent, DaemonRefused, ask, device_uuid, md5_hex, watch
 
 __all__ = ["IpcFailure", "IpcResult", "negotiate", "socket_dir", "socket_path", "weight_key"]
 
@@ -45,6 +46,7 @@ class IpcResult:
     external_bytes: float = 0.0  # zero_copy's charge against the budget, as first queried
     mapped: bool = False  # the weights come from the daemon (else a disk load)
     tensors: int = 0
+    watch: asyncio.StreamReader | None = None  # zero_copy: ends when the daemon exits
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (where, message)
     infos: list[tuple[str, str]] = field(default_factory=list)
 
@@ -217,7 +219,17 @@ async def negotiate(rt: Runtime, cfg: VllmConfig) -> IpcResult:
     result.tensors = int(reply.get("tensors", 0))
     if lc.mode == "copy":
         await _release(lc, result)
+    else:
+        await _watch(lc, result)
     return result
+
+
+async def _watch(lc: LoaderConfig, result: IpcResult) -> None:
+    """``_watch_daemon``: zero_copy engines learn when the daemon serving their weights exits."""
+    try:
+        result.watch = await watch(lc.path, lc.connect_timeout_s)
+    except (TimeoutError, OSError) as exc:
+        result.warnings.append(("ipc_loader.py:551", f"Cannot watch the weight cache daemon: {exc}"))
 
 
 async def _release(lc: LoaderConfig, result: IpcResult) -> None:

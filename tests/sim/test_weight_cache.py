@@ -149,6 +149,18 @@ def test_zero_copy_maps_in_about_a_second_and_sizes_the_same_kv_cache_as_a_cold_
     assert kv_tokens(warm) == kv_tokens(cold)
 
 
+def test_a_zero_copy_engine_keeps_serving_when_its_daemon_exits(sims: Any, short_dir: str, tmp_path: Any) -> None:
+    env = vllm_env(tmp_path)
+    daemon = preload(sims, env, "--weight-cache-socket-dir", short_dir)
+    engine = ipc_engine(sims, env, short_dir)
+    engine.wait_ready()
+    daemon.proc.send_signal(signal.SIGTERM)
+    daemon.wait_exit(30)
+    warning = engine.wait_line("exited. This engine keeps serving")
+    assert "WARNING" in warning and "[ipc_loader.py:590]" in warning
+    assert httpx.get(engine.url + "/health", trust_env=False).status_code == 200
+
+
 def test_zero_copy_budget_excludes_the_daemons_weights_so_a_high_fraction_still_starts(
     sims: Any, short_dir: str, tmp_path: Any
 ) -> None:
@@ -283,6 +295,18 @@ def test_sglang_client_mode_fails_on_a_mismatch_and_falls_back_without_a_daemon(
     assert other.wait_exit(30) == -signal.SIGKILL
     assert "RuntimeError: [IpcModelLoader] Daemon config mismatch!" in other.text()
     assert "Config mismatch: {'dtype': ('torch.bfloat16', 'torch.float16')}" in daemon.wait_line("Config mismatch")
+
+
+def test_sglang_client_engine_kills_itself_when_its_daemon_dies(sims: Any, short_dir: str) -> None:
+    env = sglang_env(short_dir)
+    daemon = sims.start("sglang-weight-cache", "--model-path", MODEL, env=env)
+    daemon.wait_line("weight cache daemons on node 0 are ready")
+    client = sims.ready("sglang", "--model-path", MODEL, "--weight-cache-mode", "client", env=env)
+    assert f"Started daemon-liveness watchdog for pid={daemon.proc.pid}" in client.text()
+    daemon.proc.send_signal(signal.SIGINT)
+    daemon.wait_exit(30)
+    assert client.wait_exit(30) == -signal.SIGKILL
+    assert "died while this engine holds its weights via CUDA IPC" in client.text()
 
 
 def test_sglang_daemon_mode_daemon_ends_with_its_engine(sims: Any, short_dir: str) -> None:
