@@ -143,12 +143,12 @@ class Preload:
     async def _serve_rank(self, rank: int, directory: str, key: dict[str, Any], weights: float, tensors: int) -> None:
         allocated = gib(weights)
         self.line(
-            "daemon.py:351",
+            "daemon.py:317",
             f"Weight cache target daemon rank {rank} loaded model ({allocated:.2f} GiB allocated, "
             f"{allocated + STARTUP_FREED_GIB:.2f} GiB reserved)",
         )
         self.line(
-            "daemon.py:411",
+            "daemon.py:351",
             f"Weight cache target daemon rank {rank} released startup resources ({STARTUP_FREED_GIB:.2f} GiB freed)",
         )
         store = WeightStore(key, weights, tensors, on_event=lambda kind, detail: self._event(rank, kind, detail))
@@ -157,7 +157,7 @@ class Preload:
             raise DaemonTaken(f"Another weight cache daemon already owns {server.path}")
         await server.start()
         self.servers.append(server)
-        self.line("daemon.py:317", f"Weight cache target daemon rank {rank} serving on {server.path}")
+        self.line("daemon.py:411", f"Weight cache target daemon rank {rank} serving on {server.path}")
 
     def _event(self, rank: int, kind: str, detail: Any) -> None:
         if kind == "mismatch":
