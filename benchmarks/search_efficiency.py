@@ -844,22 +844,24 @@ def _slo_move(ledger: Ledger, run: Result) -> Params:
     return found[0] if found else {}
 
 
-def _probe_start(ledger: Ledger, run: Result, predict: bool) -> float:
-    """Where the memory probes start: the edge ``run``'s start-up memory predicts, else 0.80."""
+def _probe_start(ledger: Ledger, run: Result, predict: bool) -> float | None:
+    """Where the memory probes start: the edge ``run``'s start-up memory predicts (None: the
+    product's fixed 0.80)."""
     mem = ledger.space.params[MEMORY]
     assert isinstance(mem, FloatParam)
-    start = max(mem.low, 0.80)
     if not predict or not run.outcome.served:
-        return start
-    return predict_memory_edge(run.facts, start, mem.high) or start
+        return None
+    return predict_memory_edge(run.facts, max(mem.low, 0.80), mem.high)
 
 
-def _memory_edge(ledger: Ledger, quota: int, start: float) -> float | None:
-    """stages.memory_edge: step up from ``start`` under the peak shape (concurrency = the largest
-    max_running of the space, the other knobs at the engine's defaults)."""
+def _memory_edge(ledger: Ledger, quota: int, predicted: float | None) -> float | None:
+    """stages.memory_edge: step from the predicted edge (a bracket, kept without a back-off) or up
+    from 0.80, under the peak shape (concurrency = the largest max_running of the space, the other
+    knobs at the engine's defaults)."""
     mem = ledger.space.params[MEMORY]
     assert isinstance(mem, FloatParam)
-    probe = MemoryProbe(start=start, high=mem.high, mode="step")
+    start = predicted if predicted is not None else max(mem.low, 0.80)
+    probe = MemoryProbe(start=start, high=mem.high, mode="step", back_off=predicted is None)
     peak = peak_workload(ledger.obj.case.workload, max(ledger.space.params["max_running"].choices))  # type: ignore[union-attr]
     results: dict[float, str] = {}
     for _ in range(quota):
@@ -968,9 +970,11 @@ def _fmt(spread: tuple[float, float, float], unit: str) -> str:
     med, lo, hi = spread
 
     def one(v: float) -> str:
-        return "–" if math.isinf(v) else f"{v:,.0f}{unit}"
+        return "not reached" if math.isinf(v) else f"{v:,.0f}{unit}"
 
-    return f"{one(med)} ({one(lo)}–{one(hi)})"
+    if math.isinf(lo):
+        return "not reached"
+    return f"{one(med)} ({one(lo)} to {one(hi)})"
 
 
 @dataclass
@@ -1004,8 +1008,8 @@ def evaluate_case(
 
 def table(reports: list[CaseReport]) -> str:
     lines = [
-        "| case | default / optimum | method | reached 97 % | engine-s to 97 %: median (p25–p75) "
-        "| trials to 97 %: median (p25–p75) | median pick / optimum |",
+        "| case | default / optimum | method | reached 97 % | engine-s to 97 %: median (p25 to p75) "
+        "| trials to 97 %: median (p25 to p75) | median pick / optimum |",
         "|---|---|---|---|---|---|---|",
     ]
     for rep in reports:

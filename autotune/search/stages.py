@@ -72,6 +72,10 @@ class MemoryProbe:
     high: float
     mode: str = "step"  # or "bisect"
     step: float = STEP
+    # A walk from a fixed start keeps one step below its last stable value. A bracket around a
+    # predicted edge runs its values under the peak shape itself, so the highest one that held is
+    # kept as it is: on a small card that step is several percent of the KV pool.
+    back_off: bool = True
 
     def next(self, results: Mapping[float, str]) -> float | None:
         if not results:
@@ -97,7 +101,7 @@ class MemoryProbe:
         best = max(ok)
         failed_above = any(r == "too_high" and f > best for f, r in results.items())
         backed = self._snap(best - self.step)
-        return backed if failed_above and backed >= min(ok) else best
+        return backed if self.back_off and failed_above and backed >= min(ok) else best
 
     def _snap(self, value: float) -> float:
         return round(round(value / self.step) * self.step, 4)
@@ -208,7 +212,7 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
         start = predicted
         note += f"; the defaults' start-up memory predicts {predicted:.2f}, probing from there"
     run.progress.message(f"memory edge ({mode}): {note}")
-    probe = MemoryProbe(start=start, high=high, mode=mode)
+    probe = MemoryProbe(start=start, high=high, mode=mode, back_off=predicted is None)
     peak = peak_workload(run.job.workload, _peak_concurrency(run, fixed))
     results = _probe_results(run)
     capped = ""
