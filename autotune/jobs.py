@@ -30,6 +30,7 @@ from autotune.search.tune import join_job, scaled_startup_timeout
 __all__ = ["SIM_DEFAULT_MODEL", "EngineOptions", "engine_choice", "infer_engine", "joined_job", "tune_job"]
 
 SIM_DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+SIM_CACHE_ROOT = Path.home() / ".cache" / "autotune" / "sim-vllm"
 SIM_INTRO = "simulated engine: numbers are modelled by autotune's GPU simulator, not measured"
 
 
@@ -94,8 +95,7 @@ def joined_job(name: str, storage: str, options: EngineOptions, study: dict[str,
     engine: dict[str, Any] = {"env": local_env}
     stored = join_job(name, storage, engine={}, study={}).engine
     if stored.simulated:
-        sim_env = {"AUTOTUNE_SIM_GPU": options.sim_gpu, "AUTOTUNE_SIM_SPEEDUP": str(options.sim_speedup)}
-        engine = {"env": {**sim_env, **local_env}, "command": _sim_command(stored.kind)}
+        engine = {"env": {**_sim_env(options), **local_env}, "command": _sim_command(stored.kind)}
     if options.python is not None:
         engine.update(python=options.python, command=None)
     if options.command is not None:
@@ -103,6 +103,16 @@ def joined_job(name: str, storage: str, options: EngineOptions, study: dict[str,
     study = {**study, "parallel": parse_parallel(study["parallel"]), "gpus": parse_gpus(study.get("gpus"))}
     job = join_job(name, storage, engine=engine, study=study)
     return job, [f"{SIM_INTRO} (the study's engine)"] if job.engine.simulated else []
+
+
+def _sim_env(options: EngineOptions) -> dict[str, str]:
+    """The simulator's GPU and clock, and its compile cache apart from a real vLLM's (it keeps
+    marker files where vLLM keeps compiled graphs: ``~/.cache/vllm`` stays the real engine's)."""
+    return {
+        "AUTOTUNE_SIM_GPU": options.sim_gpu,
+        "AUTOTUNE_SIM_SPEEDUP": str(options.sim_speedup),
+        "VLLM_CACHE_ROOT": str(SIM_CACHE_ROOT),
+    }
 
 
 def _sim_command(dialect: str) -> list[str]:
@@ -214,7 +224,7 @@ def engine_settings(engine: str, options: EngineOptions, fixed: dict[str, Any], 
         dialect = engine.partition("-")[2] or "vllm"
         if dialect not in ADAPTERS:
             raise ConfigError(f"--engine {engine!r}: the simulator speaks sim-vllm or sim-sglang")
-        env_str = {"AUTOTUNE_SIM_GPU": options.sim_gpu, "AUTOTUNE_SIM_SPEEDUP": str(options.sim_speedup), **env_str}
+        env_str = {**_sim_env(options), **env_str}
         return parse_model(
             EngineSettings,
             {

@@ -6,7 +6,7 @@ from autotune.config import EngineSettings
 from autotune.engines.base import LogEvent, startup_split
 from autotune.engines.sglang import SglangAdapter
 from autotune.engines.vllm import VllmAdapter
-from autotune.report.status import startup_cell
+from autotune.report.status import startup_text
 
 VLLM = VllmAdapter(EngineSettings(kind="vllm", model="m"))
 SGLANG = SglangAdapter(EngineSettings(kind="sglang", model="m"))
@@ -53,14 +53,14 @@ def test_a_cold_vllm_start_splits_into_load_compile_capture_and_init() -> None:
         "capture_s": 9.0,
         "init_s": 41.2,
     }
-    assert startup_cell(split) == "12/27/9.0"
+    assert startup_text(split) == "start-up: load 12 s, compile 27 s (cold), graphs 9.0 s"
 
 
 def test_weights_mapped_from_the_daemon_and_a_warm_compile_are_marked() -> None:
     split = _split(VLLM, WARM_FROM_DAEMON)
     assert split["weights_from"] == "daemon:zero_copy" and split["weights_s"] == 0.912
     assert split["compile_warm"] is True and split["compile_s"] == 3.4
-    assert startup_cell(split) == "0.9d/3.4w/-"
+    assert startup_text(split) == "start-up: load 0.9 s (daemon), compile 3.4 s (warm)"
 
 
 def test_one_graph_compiled_cold_makes_the_whole_compile_cold() -> None:
@@ -100,7 +100,7 @@ def test_sglang_weights_mapped_zero_copy_from_its_daemon() -> None:
 
 
 def test_no_start_up_line_no_cell() -> None:
-    assert startup_split([]) == {} and startup_cell({}) == ""
+    assert startup_split([]) == {} and startup_text({}) == ""
 
 
 def test_vllm_cpu_times_its_compile_by_the_warm_up_lines_and_names_the_aot_artifact() -> None:

@@ -238,7 +238,8 @@ def _status_detail(t: optuna.trial.FrozenTrial) -> str:
         reason = "; ".join(filter(None, [reason, f"stopped early: {r.early_stop['evidence']}"]))
     if reason:
         return f"{params} — {reason[:160]}" if params else reason[:160]
-    return params + _probe_pool(r) + _reruns(r)
+    startup = startup_text(r.facts.get("startup") or {})
+    return params + _probe_pool(r) + _reruns(r) + (f" · {startup}" if startup else "")
 
 
 def outcome_cell(t: optuna.trial.FrozenTrial, r: TrialRecord) -> str:
@@ -270,11 +271,10 @@ def print_trial_table(trials: list[optuna.trial.FrozenTrial]) -> None:
                 outcome_cell(t, r),
                 metric_cell(m.get("output_throughput"), ",.1f"),
                 latency if m else "",
-                startup_cell(r.facts.get("startup") or {}),
                 _status_detail(t),
             )
         )
-    headers = ("#", "stage", "outcome", "tok/s", "p95 TTFT / TPOT ms", "start-up s load/compile/graphs")
+    headers = ("#", "stage", "outcome", "tok/s", "p95 TTFT / TPOT ms")
     # Every column but the last is as wide as its longest cell (headers wrap at spaces) and there
     # are no vertical rules: at 80 columns the knobs column still holds "memory_fraction=0.88" on
     # one line, and what is longer wraps there. Nothing is cut short.
@@ -282,7 +282,7 @@ def print_trial_table(trials: list[optuna.trial.FrozenTrial]) -> None:
     grid = table(
         [
             *(
-                (h, {"width": w, "justify": "right" if i in (0, 3, 4, 5) else "left"})
+                (h, {"width": w, "justify": "right" if i in (0, 3, 4) else "left"})
                 for i, (h, w) in enumerate(zip(headers, widths, strict=True))
             ),
             ("flags / reason", {}),
@@ -294,30 +294,25 @@ def print_trial_table(trials: list[optuna.trial.FrozenTrial]) -> None:
     for row in rows:
         grid.add_row(*row)
     print_table(grid)
-    if any("d" in row[5] or "w" in row[5] for row in rows):
-        console.print(STARTUP_LEGEND, highlight=False)
 
 
-#: What the marks in the start-up column mean.
-STARTUP_LEGEND = "start-up: d = weights mapped from the weight-cache daemon, w = compiled graphs loaded from the cache"
+def startup_text(split: dict[str, Any]) -> str:
+    """Where the engine's start-up went, as it logged it: ``start-up: load 0.9 s (daemon),
+    compile 3.4 s (warm), graphs 5.2 s``; phases it did not log are left out."""
+    parts = []
+    if (load := split.get("weights_s")) is not None:
+        source = str(split.get("weights_from", ""))
+        parts.append(f"load {_seconds(load)}" + (" (daemon)" if source.startswith("daemon") else ""))
+    if (compiled := split.get("compile_s")) is not None:
+        warm = {True: " (warm)", False: " (cold)"}.get(split.get("compile_warm"), "")
+        parts.append(f"compile {_seconds(compiled)}{warm}")
+    if (graphs := split.get("capture_s")) is not None:
+        parts.append(f"graphs {_seconds(graphs)}")
+    return "start-up: " + ", ".join(parts) if parts else ""
 
 
-def startup_cell(split: dict[str, Any]) -> str:
-    """``load/compile/graphs`` seconds as the engine logged them; ``d`` marks weights mapped from
-    a weight-cache daemon, ``w`` a compile loaded warm from the cache, ``-`` a phase not logged."""
-    if not split:
-        return ""
-    load = _seconds_cell(split.get("weights_s")) + (
-        "d" if str(split.get("weights_from", "")).startswith("daemon") else ""
-    )
-    compiled = _seconds_cell(split.get("compile_s")) + ("w" if split.get("compile_warm") else "")
-    return f"{load}/{compiled}/{_seconds_cell(split.get('capture_s'))}"
-
-
-def _seconds_cell(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
 
 
 def print_trials(frame: pd.DataFrame) -> None:

@@ -1,0 +1,175 @@
+"""Trials per engine-hour on the simulator: what the weight-cache daemon, the compile cache and
+benchmark early stop each buy, and all three together.
+
+Each case is one ``autotune tune`` study on the simulated vLLM 0.34 (H100), run once per
+configuration with the same seed, trials and workload:
+
+* ``off``: ``--weight-cache off``, ``VLLM_DISABLE_COMPILE_CACHE=1``, ``--no-early-stop``;
+* ``weight cache``, ``compile cache``, ``early stop``: that one part on;
+* ``all on``: the defaults (weight cache ``auto``, the compile cache kept, early stop on).
+
+Every configuration gets a fresh ``VLLM_CACHE_ROOT``, so no study starts warm from another.
+
+Engine time is modelled time, the simulator's own clock, per trial:
+
+* ``load``, ``compile``, ``capture``: the seconds the engine logged (``facts.startup``);
+* ``other start``: the simulator's import and engine-core start constants plus its profiling
+  (engine init minus compile and capture);
+* ``benchmark``: the run's wall time × the simulator's speed-up;
+* ``teardown``: wall time × the speed-up;
+* the daemon's own start (its imports and one disk load) is charged once to the study that used it.
+
+Printed per case and configuration: trials, engine hours, trials per engine-hour (and the ratio to
+``off``), the split of engine time, and the winner with its validated median, so a reader sees
+whether the cheaper study found the same configuration. All numbers are modelled by autotune's
+simulator, not measured on hardware.
+
+Usage::
+
+    python benchmarks/trial_cost.py [--trials 20] [--cases 70b-tp4 8b] [--speedup 50] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autotune.search.record import trial_record, validation  # noqa: E402
+from autotune.search.storage import best_trial, load_study  # noqa: E402
+from autotune_sim.dialects.vllm import CORE_START_S, IMPORT_S  # noqa: E402
+
+CASES = {
+    "70b-tp4": ("meta-llama/Llama-3.1-70B-Instruct", ["--fixed", "tensor_parallel=4"]),
+    "8b": ("meta-llama/Llama-3.1-8B-Instruct", []),
+}
+CONFIGS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "off": (["--weight-cache", "off", "--no-early-stop"], {"VLLM_DISABLE_COMPILE_CACHE": "1"}),
+    "weight cache": (["--weight-cache", "on", "--no-early-stop"], {"VLLM_DISABLE_COMPILE_CACHE": "1"}),
+    "compile cache": (["--weight-cache", "off", "--no-early-stop"], {}),
+    "early stop": (["--weight-cache", "off", "--early-stop"], {"VLLM_DISABLE_COMPILE_CACHE": "1"}),
+    "all on": (["--weight-cache", "auto", "--early-stop"], {}),
+}
+PHASES = ("load", "compile", "capture", "other start", "benchmark", "teardown")
+
+
+@dataclass
+class StudyCost:
+    trials: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    winner: str = ""
+    winner_value: float | None = None
+
+    @property
+    def hours(self) -> float:
+        return sum(self.seconds.values()) / 3600
+
+    @property
+    def per_hour(self) -> float:
+        return self.trials / self.hours if self.hours else 0.0
+
+
+def run_study(case: str, config: str, args: argparse.Namespace, folder: Path) -> Path:
+    model, extra = CASES[case]
+    flags, env = CONFIGS[config]
+    env = {
+        "AUTOTUNE_SIM_VLLM_VERSION": "0.34.0",
+        "AUTOTUNE_SIM_SEED": "0",
+        "VLLM_CACHE_ROOT": str(folder / "cache"),
+        **env,
+    }
+    cmd = [
+        *(sys.executable, "-m", "autotune.cli", "tune", "--study", "cost", "--engine", "sim", "--model", model),
+        *("--workload", args.workload, "--trials", str(args.trials), "--seed", "0", "--results", str(folder)),
+        *("--finalists", "2", "--validation-runs", "1", "--sim-speedup", str(args.speedup), *extra, *flags),
+        *(word for k, v in env.items() for word in ("--env", f"{k}={v}")),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"{case} / {config}: autotune tune failed:\n{done.stderr[-3000:]}")
+    return folder / "cost" / "study.db"
+
+
+def study_cost(db: Path, speedup: float) -> StudyCost:
+    study = load_study("cost", f"sqlite:///{db}")
+    cost = StudyCost()
+    daemon_charged = False
+    for t in study.trials:
+        r = trial_record(t)
+        if not t.state.is_finished() or not r.timings:
+            continue
+        cost.trials += 1
+        split = r.facts.get("startup") or {}
+        wall_start = r.timings.get("startup_s", 0.0) * speedup
+        logged = {"load": split.get("weights_s", 0.0), "compile": split.get("compile_s", 0.0)}
+        logged["capture"] = split.get("capture_s", 0.0)
+        init = split.get("init_s")
+        other = IMPORT_S + CORE_START_S + max(init - logged["compile"] - logged["capture"], 0.0) if init else wall_start
+        for phase, seconds in (*logged.items(), ("other start", other)):
+            cost.seconds[phase] += seconds
+        cost.seconds["benchmark"] += r.timings.get("bench_s", 0.0) * speedup
+        cost.seconds["teardown"] += r.timings.get("teardown_s", 0.0) * speedup
+        if str(split.get("weights_from", "")).startswith("daemon") and not daemon_charged:
+            cost.seconds["load"] += IMPORT_S + _cold_load(study)  # the daemon read the weights once
+            daemon_charged = True
+    best = best_trial(study)
+    if best is not None:
+        cost.winner = " ".join(f"{k}={v}" for k, v in sorted((trial_record(best).params or {}).items()))
+        cost.winner_value = (
+            validation(study).get(best.number, {}).get("median", best.values[0] if best.values else None)
+        )
+    return cost
+
+
+def _cold_load(study: Any) -> float:
+    loads = [(trial_record(t).facts.get("startup") or {}) for t in study.trials]
+    return max((s.get("weights_s", 0.0) for s in loads if s.get("weights_from") == "disk"), default=0.0)
+
+
+def print_case(case: str, costs: dict[str, StudyCost]) -> None:
+    base = costs.get("off")
+    print(f"\n{case}")
+    print(f"  {'configuration':<14} {'trials':>6} {'engine h':>8} {'trials/h':>8} {'vs off':>6}  " + "  ".join(PHASES))
+    for name, cost in costs.items():
+        ratio = f"{cost.per_hour / base.per_hour:.2f}×" if base and base.per_hour else "-"
+        total = sum(cost.seconds.values()) or 1.0
+        shares = "  ".join(f"{100 * cost.seconds[p] / total:>{len(p)}.0f}%"[-len(p) - 1 :] for p in PHASES)
+        print(f"  {name:<14} {cost.trials:>6} {cost.hours:>8.2f} {cost.per_hour:>8.1f} {ratio:>6}  {shares}")
+    for name, cost in costs.items():
+        value = f"{cost.winner_value:,.0f} tok/s" if cost.winner_value else "no winner"
+        print(f"  winner with {name}: {cost.winner or 'the defaults'} ({value})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=20, help="Search trials per study.")
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--workload", default="demo-sim", help="Workload (a shipped name or a YAML file).")
+    parser.add_argument("--speedup", type=float, default=50.0, help="The simulator's time compression.")
+    parser.add_argument("--json", type=Path, help="Also write every study's cost here.")
+    args = parser.parse_args()
+    out: dict[str, Any] = {}
+    for case in args.cases:
+        costs: dict[str, StudyCost] = {}
+        for config in args.configs:
+            with tempfile.TemporaryDirectory(prefix="trial-cost-") as folder:
+                print(f"{case} / {config} ...", file=sys.stderr, flush=True)
+                costs[config] = study_cost(run_study(case, config, args, Path(folder)), args.speedup)
+        print_case(case, costs)
+        out[case] = {k: {**vars(v), "per_hour": v.per_hour, "hours": v.hours} for k, v in costs.items()}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

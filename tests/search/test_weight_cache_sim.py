@@ -1,0 +1,159 @@
+"""The study's weight-cache daemon on the simulated vLLM 0.34: one daemon serves every trial after
+the first, and it never outlives the study — after success, Ctrl-C, or the tuner's SIGKILL
+(then the next run reaps whatever is left)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.search.record import trial_record, weight_daemon
+from autotune.search.storage import load_study
+from autotune.search.tune import TuneJob, run_study
+
+pytestmark = pytest.mark.slow
+
+WORKLOAD = {
+    "name": "wc-small",
+    "dataset": {"input_len": 256, "output_len": 32},
+    "num_prompts": 32,
+    "warmup_requests": 1,
+    "arrival": {"concurrency": 16},
+}
+SPACE = {"params": {"max_running": {"type": "int", "low": 8, "high": 128, "log": True}}}
+
+
+def _env(tmp_path: Path, version: str) -> dict[str, str]:
+    return {
+        "AUTOTUNE_SIM_GPU": "H100-80GB",
+        "AUTOTUNE_SIM_SPEEDUP": "50",
+        "AUTOTUNE_SIM_SEED": "0",
+        "AUTOTUNE_SIM_VLLM_VERSION": version,
+        "VLLM_CACHE_ROOT": str(tmp_path / "compile-cache"),
+        "MARK_RESULTS": str(tmp_path),  # finds this test's processes in /proc
+    }
+
+
+def _job(tmp_path: Path, version: str = "0.34.0", **study: Any) -> TuneJob:
+    engine = {
+        "kind": "vllm",
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "command": [sys.executable, "-m", "autotune_sim", "vllm"],
+        "env": _env(tmp_path, version),
+        "startup_timeout_s": 60,
+        "simulated": True,
+    }
+    settings = {"name": "w", "results_dir": tmp_path, "seed": 1, "method": "search", "trials": 2, **study}
+    return TuneJob(
+        engine=parse_model(EngineSettings, engine, "engine"),
+        space=parse_model(SearchSpace, SPACE, "space"),
+        workload=parse_model(Workload, WORKLOAD, "workload"),
+        study=parse_model(StudySettings, {"finalists": 1, "validation_runs": 1, **settings}, "study"),
+    )
+
+
+def _daemons(tmp_path: Path) -> list[int]:
+    """Live `vllm preload` processes started for this test."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            env = (entry / "environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "autotune_sim vllm preload" in cmd and str(tmp_path) in env:
+            found.append(int(entry.name))
+    return found
+
+
+def _gone_within(tmp_path: Path, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _daemons(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _daemons(tmp_path)
+
+
+def test_one_daemon_serves_every_trial_after_the_first_and_is_gone_at_the_end(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    run_study(job)
+    study = load_study("w", job.storage_url)
+    records = [trial_record(t) for t in study.trials]
+    sources = [r.facts.get("startup", {}).get("weights_from") for r in records]
+    # The first trial tells the version (0.34): it loads from disk; every later one maps.
+    assert sources[0] == "disk" and len(sources) >= 4, sources
+    assert all(s == "daemon:zero_copy" for s in sources[1:]), sources
+    mapped = records[1].facts["startup"]
+    assert mapped["weights_s"] < records[0].facts["startup"]["weights_s"] / 5, (mapped, records[0].facts)
+    # Zero-copy: the daemon's weights count inside the engine's budget, so the pool is unchanged.
+    same_flags = [r for r in records[1:] if r.flags == records[0].flags]
+    assert all(r.facts["kv_tokens"] == records[0].facts["kv_tokens"] for r in same_flags)
+    # What is recorded for export is the trial's own launch, without the study's daemon.
+    assert all("ipc_cache" not in r.argv for r in records)
+    argv_json = json.loads((Path(records[1].trial_dir) / "argv.json").read_text())
+    assert "ipc_cache" in argv_json["argv"]
+    assert (tmp_path / "w" / "weight-cache" / "daemon.log").read_text().count("Weight cache daemon READY") == 1
+    assert weight_daemon(study) is None and _gone_within(tmp_path, 5)
+
+
+def test_older_vllm_or_weight_cache_off_starts_no_daemon(tmp_path: Path) -> None:
+    for version, mode in (("0.33.0", "auto"), ("0.34.0", "off")):
+        job = _job(tmp_path / f"{version}-{mode}", version, weight_cache=mode, finalists=0)
+        run_study(job)
+        study = load_study("w", job.storage_url)
+        sources = {trial_record(t).facts.get("startup", {}).get("weights_from") for t in study.trials}
+        assert sources == {"disk"}, (version, mode, sources)
+        assert not (job.dir / "weight-cache" / "daemon.log").exists()
+
+
+def _tune_command(tmp_path: Path) -> list[str]:
+    (tmp_path / "space.json").write_text(json.dumps(SPACE))
+    (tmp_path / "wl.json").write_text(json.dumps({**WORKLOAD, "num_prompts": 400}))
+    env_flags = [w for k, v in _env(tmp_path, "0.34.0").items() for w in ("--env", f"{k}={v}")]
+    return [
+        *(sys.executable, "-m", "autotune.cli", "tune", "--study", "k", "--engine", "sim", "--method", "search"),
+        *("--space", str(tmp_path / "space.json"), "--workload", str(tmp_path / "wl.json"), "--trials", "3"),
+        *("--finalists", "0", "--results", str(tmp_path), "--seed", "3", "--sim-speedup", "5", *env_flags),
+    ]
+
+
+def _start_until_the_daemon_serves(tmp_path: Path, cmd: list[str]) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "MARK_RESULTS": str(tmp_path)}
+    tuner = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    storage = f"sqlite:///{tmp_path / 'k' / 'study.db'}"
+    deadline = time.monotonic() + 400  # generous: the machine may be busy
+    while time.monotonic() < deadline and tuner.poll() is None:
+        time.sleep(0.5)
+        try:
+            study = optuna.load_study(study_name="k", storage=storage)
+        except Exception:  # not created yet
+            continue
+        if weight_daemon(study) is not None and _daemons(tmp_path):
+            return tuner
+    tuner.kill()
+    pytest.fail("the tuner never started its weight-cache daemon")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_the_daemon_dies_with_its_tuner_and_a_resume_finishes_the_study(tmp_path: Path, sig: signal.Signals) -> None:
+    cmd = _tune_command(tmp_path)
+    tuner = _start_until_the_daemon_serves(tmp_path, cmd)
+    tuner.send_signal(sig)
+    tuner.wait(timeout=120)
+    # Ctrl-C tears it down on the way out; after SIGKILL its parent-death watchdog ends it.
+    assert _gone_within(tmp_path, 10), "a weight-cache daemon outlived its tuner"
+    done = subprocess.run(cmd, env={**os.environ, "MARK_RESULTS": str(tmp_path)}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    study = load_study("k", f"sqlite:///{tmp_path / 'k' / 'study.db'}")
+    assert weight_daemon(study) is None and _gone_within(tmp_path, 5)
+    finished = [t for t in study.trials if trial_record(t).stage == "search" and t.state.is_finished()]
+    assert len(finished) >= 3
