@@ -26,7 +26,8 @@ simulator, not measured on hardware.
 
 Usage::
 
-    python benchmarks/trial_cost.py [--trials 20] [--cases 70b-tp4 8b] [--speedup 50] [--json out.json]
+    python benchmarks/trial_cost.py [--trials 20] [--cases 70b-tp4 8b] [--method staged|search]
+        [--prompts N] [--speedup 50] [--json out.json]
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -88,7 +91,8 @@ def run_study(case: str, config: str, args: argparse.Namespace, folder: Path) ->
     }
     cmd = [
         *(sys.executable, "-m", "autotune.cli", "tune", "--study", "cost", "--engine", "sim", "--model", model),
-        *("--workload", args.workload, "--trials", str(args.trials), "--seed", "0", "--results", str(folder)),
+        *("--workload", _workload(args, folder), "--trials", str(args.trials), "--seed", "0"),
+        *("--results", str(folder), "--method", args.method),
         *("--finalists", "2", "--validation-runs", "1", "--sim-speedup", str(args.speedup), *extra, *flags),
         *(word for k, v in env.items() for word in ("--env", f"{k}={v}")),
     ]
@@ -96,6 +100,18 @@ def run_study(case: str, config: str, args: argparse.Namespace, folder: Path) ->
     if done.returncode != 0:
         raise SystemExit(f"{case} / {config}: autotune tune failed:\n{done.stderr[-3000:]}")
     return folder / "cost" / "study.db"
+
+
+def _workload(args: argparse.Namespace, folder: Path) -> str:
+    """The workload as named, or a copy with ``--prompts`` requests (a shorter benchmark)."""
+    if args.prompts is None:
+        return str(args.workload)
+    shipped = ROOT / "workloads" / f"{args.workload}.yaml"
+    data = yaml.safe_load((shipped if shipped.exists() else Path(args.workload)).read_text())
+    data["num_prompts"] = args.prompts
+    path = folder / "workload.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
 
 
 def study_cost(db: Path, speedup: float) -> StudyCost:
@@ -155,6 +171,8 @@ def main() -> int:
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--workload", default="demo-sim", help="Workload (a shipped name or a YAML file).")
     parser.add_argument("--speedup", type=float, default=50.0, help="The simulator's time compression.")
+    parser.add_argument("--method", default="staged", choices=["staged", "search"], help="The studies' method.")
+    parser.add_argument("--prompts", type=int, help="Requests per benchmark run (default: the workload's).")
     parser.add_argument("--json", type=Path, help="Also write every study's cost here.")
     args = parser.parse_args()
     out: dict[str, Any] = {}

@@ -276,7 +276,9 @@ def test_tune_option_is_stored_with_the_study_config(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- on the simulator
-SIM_ENV = {"AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SPEEDUP": "20", "AUTOTUNE_SIM_SEED": "0"}
+# A slow modelled clock: at 5× the client reads ~5× fewer tokens a second than at 20×, so a busy
+# 2-core machine does not starve it into client-limited runs.
+SIM_ENV = {"AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SPEEDUP": "5", "AUTOTUNE_SIM_SEED": "0"}
 SIM_WORKLOAD = {
     "name": "early-stop",
     "dataset": {"input_len": 512, "output_len": 128},
@@ -392,6 +394,7 @@ def test_an_engine_that_dies_mid_run_is_server_dead_at_once(tmp_path: Path, sig:
     assert result.early_stop is not None and result.early_stop["reason"] == SERVER_DEAD, result.early_stop
     assert result.early_stop["at_requests"] < 400
     assert result.reason and "root_cause" in result.facts  # classified from the log, as any crash
-    # From the kill to the classified result (teardown included): seconds, not the 120 s stall
-    # watchdog or the 300 s request timeout.
-    assert ended - seen["at"] < (10 if sig == signal.SIGKILL else 30), result.timings
+    # From the kill to the classified result (teardown included): well inside the 120 s stall
+    # watchdog and the 300 s request timeout (quiet host: ~2 s killed, ~15 s frozen, the 10 s
+    # SIGTERM grace included; a busy 2-core machine stretches both).
+    assert ended - seen["at"] < 60, result.timings
