@@ -304,7 +304,7 @@ def startup_text(split: dict[str, Any]) -> str:
         source = str(split.get("weights_from", ""))
         parts.append(f"load {_seconds(load)}" + (" (daemon)" if source.startswith("daemon") else ""))
     if (compiled := split.get("compile_s")) is not None:
-        warm = {True: " (warm)", False: " (cold)"}.get(split.get("compile_warm"), "")
+        warm = {True: " (warm)", False: " (cold)", None: ""}[split.get("compile_warm")]
         parts.append(f"compile {_seconds(compiled)}{warm}")
     if (graphs := split.get("capture_s")) is not None:
         parts.append(f"graphs {_seconds(graphs)}")
