@@ -27,7 +27,7 @@ import re
 import shlex
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -160,20 +160,25 @@ class WeightDaemon:
     Attributes:
         argv: The daemon's full command line.
         env: Variables autotune adds to the user's environment (as for an engine).
-        ready_url: Polled until it answers 200: the daemon holds the weights and serves.
+        ready_url: Polled until it answers 200: the daemon holds the weights and serves. None
+            where the daemon serves no HTTP and ``ready_check`` says instead.
         key: What the daemon's weights are valid for (checkpoint, parallelism, dtypes,
             quantization); an engine whose key differs loads its own weights.
         client_flags: Flags an engine with the same key adds to map the daemon's weights.
         mode: How the engine maps them: ``zero_copy`` (the daemon's memory counts inside the
             engine's memory budget) or ``copy`` (the engine holds its own copy besides).
+        client_env: Variables such an engine adds to find the daemon (its socket's folder).
+        ready_check: True once the daemon serves, for a daemon with no ``ready_url``.
     """
 
     argv: list[str]
     env: dict[str, str]
-    ready_url: str
+    ready_url: str | None
     key: tuple[tuple[str, str], ...]
     client_flags: dict[str, Any]
     mode: str
+    client_env: dict[str, str] = field(default_factory=dict)
+    ready_check: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)

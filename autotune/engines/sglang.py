@@ -26,6 +26,7 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -40,9 +41,11 @@ from autotune.engines.base import (
     LaunchSpec,
     LogEvent,
     MemorySemantics,
+    WeightDaemon,
     counter_delta,
     metric_max,
     samples_named,
+    version_tuple,
 )
 from autotune.engines.rootcause import exception_event
 from autotune.errors import EngineError, InvalidFlags
@@ -65,6 +68,29 @@ TOO_HIGH, TOO_LOW = "too_high", "too_low"
 #: Added to every launch (the user's ``engine.env`` wins): unbuffered output, so a fatal line
 #: reaches the supervisor when it is written, not when a buffer fills.
 LAUNCH_ENV: Mapping[str, str] = MappingProxyType({"PYTHONUNBUFFERED": "1"})
+
+# 0.5.23's standalone weight-cache daemon: the key its weights are valid for (``CacheConfig``:
+# checkpoint, revision, parallelism, dtype, quantization), so one daemon serves every trial that
+# only moves the fraction, the batch limits or the graph sizes. A launch command the tuner cannot
+# turn into the daemon's module has none.
+WEIGHT_CACHE_SINCE = (0, 5, 23)
+_DAEMON_MODULE = "sglang.srt.weight_cache.daemon"
+_WEIGHT_KEY_FLAGS = (
+    "--tp-size",
+    "--tensor-parallel-size",
+    "--tp",
+    "--pp-size",
+    "--pipeline-parallel-size",
+    "--dp-size",
+    "--data-parallel-size",
+    "--dtype",
+    "--quantization",
+    "--revision",
+    "--trust-remote-code",
+)
+# Where a daemon binds and marks itself ready, per GPU; autotune points both at a private folder.
+_SOCKET_TEMPLATE_ENV = "SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE"
+_READY_TEMPLATE_ENV = "SGLANG_WEIGHT_CACHE_READY_TEMPLATE"
 
 # The tuner chooses these per trial; a user value would start every trial on the same port.
 _OWNED_FLAGS = {
@@ -567,6 +593,57 @@ class SglangAdapter(EngineAdapter):
         )
         return MemorySemantics(0.80, None, note)
 
+    def weight_cache_unsupported(self, version: str | None) -> str | None:
+        """The standalone daemon and ``--weight-cache-mode client`` arrived in 0.5.23."""
+        if not version:
+            return "SGLang's version is not known (its server did not report it)"
+        if version_tuple(version) < WEIGHT_CACHE_SINCE:
+            return f"SGLang {version} has no weight-cache daemon (--weight-cache-mode arrived in 0.5.23)"
+        if self._daemon_prefix() is None:
+            command = " ".join(self.launch_prefix())
+            return f"the launch command {command!r} has no weight-cache daemon module autotune knows"
+        return None
+
+    def weight_daemon(self, flags: Mapping[str, Any], socket_dir: Path, port: int) -> WeightDaemon:
+        """``python -m sglang.srt.weight_cache.daemon`` with the engine's key flags, one daemon
+        per GPU of the engine, its sockets and ``.ready`` files in ``socket_dir`` (ready when
+        every GPU's file is there; it serves no HTTP, so ``port`` is unused). Engines map its
+        weights with ``--weight-cache-mode client`` — always mapped, never copied — and SGLang
+        adds them back onto the free memory ``--mem-fraction-static`` is a share of, so the
+        memory edge means what it meant without the daemon. A missing socket loads from disk."""
+        merged = {**self.to_flags(self.settings.fixed_flags), **flags}
+        key_flags = {f: merged[f] for f in _WEIGHT_KEY_FLAGS if merged.get(f) is not None}
+        prefix = self._daemon_prefix() or []
+        argv = [*prefix, "--model-path", self.settings.model, *self.render_flags(key_flags)]
+        where = {
+            _SOCKET_TEMPLATE_ENV: str(socket_dir / "{device_uuid}.sock"),
+            _READY_TEMPLATE_ENV: str(socket_dir / "{device_uuid}.ready"),
+        }
+        gpus = _flag_int(merged, ("--tp-size", "--tensor-parallel-size", "--tp")) * _flag_int(
+            merged, ("--pp-size", "--pipeline-parallel-size")
+        )
+        key = (("model", self.settings.model), *((f, str(v)) for f, v in sorted(key_flags.items())))
+        return WeightDaemon(
+            argv,
+            {**LAUNCH_ENV, **self.settings.env, **where},
+            None,
+            key,
+            {"--weight-cache-mode": "client"},
+            "zero_copy",
+            client_env=where,
+            ready_check=lambda: len(list(socket_dir.glob("*.ready"))) >= gpus,
+        )
+
+    def _daemon_prefix(self) -> list[str] | None:
+        """The launch command with the daemon's module: ``-m sglang.launch_server`` → ``-m
+        sglang.srt.weight_cache.daemon``; the simulator's ``sglang`` → ``sglang-weight-cache``."""
+        prefix = self.launch_prefix()
+        if prefix[-1] == self.default_module:
+            return [*prefix[:-1], _DAEMON_MODULE]
+        if prefix[-2:] == ["autotune_sim", "sglang"]:
+            return [*prefix[:-1], "sglang-weight-cache"]
+        return None
+
     def served_facts(self, base_url: str) -> dict[str, Any]:
         """SGLang prints no version line: its version and resolved arguments come from
         ``/server_info`` (every release serves it, or ``/get_server_info``)."""
@@ -770,6 +847,11 @@ class SglangAdapter(EngineAdapter):
             if kv is not None:
                 facts["kv_tokens"] = int(kv)
         return facts
+
+
+def _flag_int(flags: Mapping[str, Any], names: Iterable[str]) -> int:
+    """The first of ``names`` set in ``flags`` as an integer (1 when none is)."""
+    return next((int(flags[n]) for n in names if flags.get(n) is not None), 1)
 
 
 def _startup_facts(events: list[LogEvent]) -> dict[str, Any]:

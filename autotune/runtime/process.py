@@ -84,6 +84,8 @@ class EngineProcess:
             the route that answered).
         ready_fallback_url: Polled instead once ``ready_url`` answers 404: an engine release
             that does not serve the preferred route.
+        ready_check: Polled instead of ``ready_url`` (then None) by a process that serves no
+            HTTP, e.g. a daemon that marks itself ready with files; True once ready.
         health_url: Checked by :meth:`check_alive`; None checks only the process.
         on_line: Called with each output line (no newline) from the reader thread; returning
             True marks the line fatal for start-up. Exceptions from it are logged, not raised.
@@ -101,8 +103,9 @@ class EngineProcess:
         env: dict[str, str],
         log_path: Path,
         *,
-        ready_url: str,
+        ready_url: str | None,
         ready_fallback_url: str | None = None,
+        ready_check: Callable[[], bool] | None = None,
         health_url: str | None = None,
         on_line: Callable[[str], bool] | None = None,
         startup_timeout_s: float = 600.0,
@@ -114,6 +117,7 @@ class EngineProcess:
         self.log_path = Path(log_path)
         self.ready_url = ready_url
         self.ready_fallback_url = ready_fallback_url
+        self.ready_check = ready_check
         self.health_url = health_url
         self.on_line = on_line
         self.startup_timeout_s = startup_timeout_s
@@ -290,7 +294,7 @@ class EngineProcess:
         with httpx.Client(timeout=_PROBE_TIMEOUT_S, trust_env=False) as client:
             while True:
                 self._raise_if_start_failed()
-                status = _status(client, self.ready_url)
+                status = self._ready_status(client)
                 if status == 404 and self.ready_fallback_url:
                     # This release does not serve the readiness route: decided on its first answer.
                     log.info("%s is not served (404); polling %s instead", self.ready_url, self.ready_fallback_url)
@@ -308,6 +312,12 @@ class EngineProcess:
                         log_path=self.log_path,
                     )
                 self._fatal.wait(min(_POLL_S, remaining))
+
+    def _ready_status(self, client: httpx.Client) -> int | None:
+        """The readiness route's answer; 200 or None where ``ready_check`` decides."""
+        if self.ready_check is not None:
+            return 200 if self.ready_check() else None
+        return _status(client, self.ready_url) if self.ready_url else None
 
     def _raise_if_start_failed(self) -> None:
         proc = self._require_started()

@@ -144,6 +144,10 @@ class StudyRun:
                 return str(v)
         return None
 
+    def _weight_client(self, flags: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """What maps this trial's weights from the study's weight-cache daemon (nothing: it loads them)."""
+        return self.weights.client(flags, self.engine_version()) if self.weights else ({}, {})
+
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
 
@@ -212,12 +216,14 @@ class StudyRun:
             with self.placement(flags) as env:
                 if env:
                     write_trial(trial, placement=dict(env))
+                weight_flags, weight_env = self._weight_client(flags)
                 spec = TrialSpec(
                     trial.number,
                     stage,
                     flags,
                     trial_dir,
-                    launch_flags=self.weights.client_flags(flags, self.engine_version()) if self.weights else {},
+                    launch_flags=weight_flags,
+                    launch_env=weight_env,
                     repeats=self.job.study.repeats,
                     on_launch=lambda pgid: write_trial(trial, engine_pgid=pgid),
                     env=env,

@@ -16,7 +16,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,8 @@ class TrialSpec:
     # Flags that change how the engine starts, not what is measured (mapping its weights from
     # the study's weight-cache daemon): launched and written to argv.json, never exported.
     launch_flags: Mapping[str, Any] = field(default_factory=dict)
+    # The environment those flags need (where the daemon's sockets are), recorded the same way.
+    launch_env: Mapping[str, str] = field(default_factory=dict)
     # What may end a benchmark run early (autotune.bench.earlystop); None: every run goes to its end.
     early_stop: EarlyStopPolicy | None = None
 
@@ -214,6 +216,8 @@ class _Trial:
     def launch_spec(self) -> LaunchSpec:
         flags = {**self.spec.flags, **self.spec.launch_flags}
         spec = self.adapter.build_launch(flags, free_port(self.adapter.settings.host))
+        if self.spec.launch_env:
+            spec = replace(spec, env={**spec.env, **self.spec.launch_env})
         record = {
             "schema_version": SCHEMA_VERSION,
             "argv": spec.argv,
@@ -505,7 +509,7 @@ def run_trial(
         launch = t.launch_spec()
         # What is recorded for exports is the trial's own launch: the weight-cache flags point
         # at this study's daemon, which a deployment does not have (argv.json keeps both).
-        plain = adapter.build_launch(spec.flags, launch.port) if spec.launch_flags else launch
+        plain = adapter.build_launch(spec.flags, launch.port) if spec.launch_flags or spec.launch_env else launch
         result.argv, result.env = plain.argv, plain.env
         result.engine_args = plain.argv[len(adapter.launch_prefix()) :]
         t.progress.phase("launching")
@@ -535,7 +539,7 @@ def run_trial(
             with pinned(spec.cpus.client if spec.cpus else None):
                 runs, facts = t.bench(launch, proc)
             facts["measurement"] = t.measurement
-            facts["ready_route"] = proc.ready_url.removeprefix(launch.base_url)  # the one this release serves
+            facts["ready_route"] = (proc.ready_url or "").removeprefix(launch.base_url)  # the one this release serves
             t.timings["bench_s"] = time.monotonic() - b0
             t.progress.phase("tearing down")
             d0 = time.monotonic()

@@ -64,25 +64,25 @@ class WeightCache:
     def running(self) -> bool:
         return self._proc is not None and self._proc.alive
 
-    def client_flags(self, flags: dict[str, Any], version: str | None) -> dict[str, Any]:
-        """The flags that map this trial's weights from the daemon (started here on first
-        use), or ``{}`` when the trial loads them itself."""
+    def client(self, flags: dict[str, Any], version: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+        """The flags and environment that map this trial's weights from the daemon (started
+        here on first use), or two empty ones when the trial loads them itself."""
         if self.mode == "off" or (version is None and self._why_not is None):
-            return {}  # the version is read from the first trial's log: that one loads its weights itself
+            return {}, {}  # the version is read from the first trial: that one loads its weights itself
         why_not = self._why_not or self.adapter.weight_cache_unsupported(version)
         if why_not:
             self._say(f"weight cache {self.mode}: off — {why_not}")
-            return {}
+            return {}, {}
         if self._daemon is None:
             self._start(flags)
-            return self.client_flags(flags, version)
+            return self.client(flags, version)
         if not self.running:
             self._say(f"weight-cache daemon gone ({self._exit_text()}); trials load their weights from disk")
-            return {}
+            return {}, {}
         if self._key(flags) != self._daemon.key:
             self._say("trials whose parallelism, dtype or quantization differ from the daemon's load from disk")
-            return {}
-        return dict(self._daemon.client_flags)
+            return {}, {}
+        return dict(self._daemon.client_flags), dict(self._daemon.client_env)
 
     def close(self) -> None:
         """Stop the daemon (its memory stays held until it is gone) and forget its group."""
@@ -119,6 +119,7 @@ class WeightCache:
             daemon.env,
             self.log_path,
             ready_url=daemon.ready_url,
+            ready_check=daemon.ready_check,
             startup_timeout_s=self.adapter.settings.startup_timeout_s,
         )
         proc.start()

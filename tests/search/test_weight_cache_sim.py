@@ -1,6 +1,6 @@
-"""The study's weight-cache daemon on the simulated vLLM 0.34: one daemon serves every trial after
-the first, and it never outlives the study — after success, Ctrl-C, or the tuner's SIGKILL
-(then the next run reaps whatever is left)."""
+"""The study's weight-cache daemon on the simulated vLLM 0.34 and SGLang 0.5.23: one daemon serves
+every trial after the first, and it never outlives the study — after success, a failure, Ctrl-C,
+or the tuner's SIGKILL (then the next run reaps whatever is left)."""
 
 from __future__ import annotations
 
@@ -44,12 +44,17 @@ def _env(tmp_path: Path, version: str) -> dict[str, str]:
     }
 
 
-def _job(tmp_path: Path, version: str = "0.34.0", **study: Any) -> TuneJob:
+def _job(tmp_path: Path, version: str = "0.34.0", kind: str = "vllm", **study: Any) -> TuneJob:
+    env = (
+        _env(tmp_path, version)
+        if kind == "vllm"
+        else {**_env(tmp_path, "0.34.0"), "AUTOTUNE_SIM_SGLANG_VERSION": version}
+    )
     engine = {
-        "kind": "vllm",
+        "kind": kind,
         "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "command": [sys.executable, "-m", "autotune_sim", "vllm"],
-        "env": _env(tmp_path, version),
+        "command": [sys.executable, "-m", "autotune_sim", kind],
+        "env": env,
         "startup_timeout_s": 60,
         "simulated": True,
     }
@@ -71,7 +76,7 @@ def _daemons(tmp_path: Path) -> list[int]:
             env = (entry / "environ").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if "autotune_sim vllm preload" in cmd and str(tmp_path) in env:
+        if ("autotune_sim vllm preload" in cmd or "autotune_sim sglang-weight-cache" in cmd) and str(tmp_path) in env:
             found.append(int(entry.name))
     return found
 
@@ -105,13 +110,58 @@ def test_one_daemon_serves_every_trial_after_the_first_and_is_gone_at_the_end(tm
     assert weight_daemon(study) is None and _gone_within(tmp_path, 5)
 
 
+def test_sglang_maps_its_weights_from_a_standalone_daemon_in_a_private_folder(tmp_path: Path) -> None:
+    job = _job(tmp_path, "0.5.23", "sglang")
+    run_study(job)
+    study = load_study("w", job.storage_url)
+    records = [trial_record(t) for t in study.trials]
+    sources = [r.facts.get("startup", {}).get("weights_from") for r in records]
+    # SGLang reports its version over HTTP once the first trial serves; every later trial maps.
+    assert sources[0] == "disk" and len(sources) >= 4, sources
+    assert all(s == "daemon:zero_copy" for s in sources[1:]), sources
+    # Client mode adds the daemon's weights back onto the baseline: the pool is a cold start's.
+    same_flags = [r for r in records[1:] if r.flags == records[0].flags]
+    assert same_flags and all(r.facts["kv_tokens"] == records[0].facts["kv_tokens"] for r in same_flags)
+    argv_json = json.loads((Path(records[1].trial_dir) / "argv.json").read_text())
+    assert argv_json["argv"][argv_json["argv"].index("--weight-cache-mode") + 1] == "client"
+    socket_template = argv_json["env"]["SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE"]
+    assert not socket_template.startswith("/tmp/sglang_weight_cache_"), socket_template  # never a user's daemon
+    assert all(
+        "--weight-cache-mode" not in r.argv and "SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE" not in r.env for r in records
+    )
+    log = (tmp_path / "w" / "weight-cache" / "daemon.log").read_text()
+    assert log.count("Listening on") == 1, log[-2000:]
+    assert weight_daemon(study) is None and _gone_within(tmp_path, 5)
+    assert not Path(socket_template).parent.exists()  # its sockets and ready files went with it
+
+
+def test_a_study_that_fails_takes_its_daemon_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.search import runner
+
+    real_run_trial, calls = runner.run_trial, []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:  # the daemon serves by now
+            assert _daemons(tmp_path), "no daemon while the third trial starts"
+            raise RuntimeError("a bug in the tuner")
+        return real_run_trial(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_trial", failing)
+    job = _job(tmp_path, trials=4)
+    with pytest.raises(RuntimeError, match="a bug in the tuner"):
+        run_study(job)
+    assert _gone_within(tmp_path, 5), "the weight-cache daemon outlived a failed study"
+    assert weight_daemon(load_study("w", job.storage_url)) is None
+
+
 def test_older_vllm_or_weight_cache_off_starts_no_daemon(tmp_path: Path) -> None:
-    for version, mode in (("0.33.0", "auto"), ("0.34.0", "off")):
-        job = _job(tmp_path / f"{version}-{mode}", version, weight_cache=mode, finalists=0)
+    for kind, version, mode in (("vllm", "0.33.0", "auto"), ("vllm", "0.34.0", "off"), ("sglang", "0.5.20", "auto")):
+        job = _job(tmp_path / f"{version}-{mode}", version, kind, weight_cache=mode, finalists=0)
         run_study(job)
         study = load_study("w", job.storage_url)
         sources = {trial_record(t).facts.get("startup", {}).get("weights_from") for t in study.trials}
-        assert sources == {"disk"}, (version, mode, sources)
+        assert sources <= {"disk", None} and "daemon:zero_copy" not in sources, (version, mode, sources)
         assert not (job.dir / "weight-cache" / "daemon.log").exists()
 
 
