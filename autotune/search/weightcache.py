@@ -1,6 +1,7 @@
 """The study's weight-cache daemon: weights loaded once, mapped by every engine that shares them.
 
-On an engine that has one (vLLM ≥ 0.34's ``vllm preload``), a trial's start-up is mostly loading
+On an engine that has one (vLLM ≥ 0.34's ``vllm preload``, SGLang ≥ 0.5.23's standalone
+``sglang.srt.weight_cache.daemon``), a trial's start-up is mostly loading
 the same weights again. A daemon started by the tuner holds them for the whole study: engines
 whose cache key (checkpoint, parallelism, dtypes, quantization) matches map them in about a
 second instead of reading them from disk. The daemon is supervised like an engine: its own
