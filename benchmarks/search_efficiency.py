@@ -390,7 +390,7 @@ class VllmEngine:
         t = v.IMPORT_S + v.CORE_START_S
         if plan.failure == "free_memory":
             return Boot(Outcome.OOM_STARTUP, t)
-        t += 1.0 + fp.weight_bytes * cfg.tp * cfg.pp / v.LOAD_BYTES_S
+        t += self.settings.weight_read_s(fp.weight_bytes * cfg.tp * cfg.pp)
         if plan.failure == "load_oom":
             return Boot(Outcome.OOM_STARTUP, t)
         t += (v.COMPILE_S if cfg.compile else 0.0) + v.PROFILE_S
@@ -499,7 +499,7 @@ class SglangEngine:
             return Boot(Outcome.INVALID_FLAGS, s.MAIN_IMPORT_S)
         fp = footprint(cfg.model, tp=cfg.tp, pp=cfg.pp, kv_dtype=cfg.kv_dtype)
         plan = plan_sglang(self._memory(cfg, fp))
-        t = s.MAIN_IMPORT_S + s.SCHEDULER_START_S + 1.0 + fp.weight_bytes * cfg.tp * cfg.pp / s.LOAD_BYTES_S
+        t = s.MAIN_IMPORT_S + s.SCHEDULER_START_S + self.settings.weight_read_s(fp.weight_bytes * cfg.tp * cfg.pp)
         if plan.failure in ("weights_no_room", "not_enough_memory"):
             return Boot(Outcome.KV_INSUFFICIENT, t)
         if plan.failure == "pool_oom":

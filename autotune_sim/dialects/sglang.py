@@ -59,7 +59,6 @@ __all__ = ["SglangDialect"]
 
 MAIN_IMPORT_S = 6.0
 SCHEDULER_START_S = 4.0
-LOAD_BYTES_S = 2.5e9
 CAPTURE_S_PER_DECODE_BS = 0.12
 CAPTURE_S_PER_PREFILL_SIZE = 0.08
 HEALTH_TIMEOUT_S = 20.0
@@ -206,7 +205,7 @@ class SglangDialect(Dialect):
         mapped = wc is not None and wc.mapped
         if wc is not None and wc.daemon_pid and wc.daemon_pid != self.pid:  # its own daemon dies with it
             self._watchdog = asyncio.create_task(watch_daemon(self.rt, wc.daemon_pid, self.sched_log))
-        load_s = MAP_S if mapped else 1.0 + self.fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S
+        load_s = MAP_S if mapped else s.weight_read_s(self.fp.weight_bytes * c.tp * c.pp)
         await self.rt.pause(load_s)
         used = gib(plan.pre - plan.after_weights)
         if not c.release.per_phase_graphs:

@@ -43,7 +43,6 @@ __all__ = ["WeightCacheFetch", "fetch_weights", "run_daemon", "socket_path", "st
 
 SOCKET_TEMPLATE = "/tmp/sglang_weight_cache_{device_uuid}.sock"
 READY_TEMPLATE = "/tmp/sglang_weight_cache_{device_uuid}.ready"
-LOAD_BYTES_S = 2.5e9  # the same disk read as an engine's cold load (sglang.py)
 DAEMON_IMPORT_S = 6.0
 MAP_S = 1.0  # mapping the daemon's IPC handles instead of reading the checkpoint
 LIVENESS_POLL_S = 5.0  # ipc_loader.py _DAEMON_LIVENESS_POLL_INTERVAL
@@ -107,7 +106,7 @@ class Daemons:
         fp = footprint(c.model, tp=c.tp, pp=c.pp, dtype=c.dtype, kv_dtype=c.kv_dtype, quantization=c.quantization)
         for rank in ranks:
             self.line(f"[WeightCacheDaemon gpu={rank} tp_rank={rank % c.tp}] Loading model from disk: {c.model_path}")
-        load_s = 1.0 + fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S
+        load_s = self.settings.weight_read_s(fp.weight_bytes * c.tp * c.pp)
         await rt.pause(load_s)
         for rank in ranks:
             await self._serve(rank, fp.weight_bytes, load_s)

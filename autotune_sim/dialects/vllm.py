@@ -67,7 +67,6 @@ __all__ = ["VllmDialect"]
 
 IMPORT_S = 8.0  # Python imports and argument handling before the first line
 CORE_START_S = 3.0
-LOAD_BYTES_S = 2.5e9  # weight loading from a warm page cache
 COMPILE_S = 14.0
 # Loading compiled artifacts still re-traces the model with Dynamo: a warm start cuts compile time
 # by 60 %, the upper end of the 37-61 % reported for vLLM's AOT artifacts (vllm#37198).
@@ -409,7 +408,7 @@ class VllmDialect(Dialect):
             return self._core_failed(["ValueError: Load format `ipc_cache` is not supported"])
         self._ipc_lines()
         mapped = self.ipc is not None and self.ipc.mapped
-        load_s = MAP_S if mapped else 1.0 + self.fp.weight_bytes * c.tp * c.pp / LOAD_BYTES_S
+        load_s = MAP_S if mapped else s.weight_read_s(self.fp.weight_bytes * c.tp * c.pp)
         await self.rt.pause(load_s)
         if plan.failure == "load_oom":
             return self._core_failed(torch_oom(self.fp.weight_bytes / 8, plan.free_after_load, gpu.torch_total_gib))

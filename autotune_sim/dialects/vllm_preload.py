@@ -28,7 +28,6 @@ from autotune_sim.weight_cache import DaemonServer, WeightStore, ask, tensor_cou
 __all__ = ["run_preload"]
 
 IMPORT_S = 8.0
-LOAD_BYTES_S = 2.5e9  # the same disk read as an engine's cold load (vllm.py)
 SUBCOMMANDS = "'chat', 'complete', 'serve', 'launch', 'bench', 'collect-env', 'run-batch'"
 STARTUP_FREED_GIB = 0.5  # communicators and BLAS workspaces the daemon gives back after loading
 
@@ -116,7 +115,7 @@ class Preload:
             cfg.model, tp=cfg.tp, pp=cfg.pp, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, quantization=cfg.quantization
         )
         ranks = cfg.tp * cfg.pp
-        await self.rt.pause(1.0 + fp.weight_bytes * ranks / LOAD_BYTES_S)
+        await self.rt.pause(self.settings.weight_read_s(fp.weight_bytes * ranks))
         directory = socket_dir({"socket_dir": ns.weight_cache_socket_dir})
         try:
             for rank in range(ranks):

@@ -11,6 +11,13 @@ def test_defaults() -> None:
     s = load_settings({})
     assert s.gpu.name == "H100-80GB" and s.num_gpus == 8 and s.speedup == 1.0 and s.noise == 0.0
     assert s.vllm_version == "0.32.0" and s.sglang_version == "0.5.23" and s.faults == FaultPlan()
+    assert s.weight_read_s(2.5e9) == pytest.approx(2.0)  # a second to open, then 2.5 GB/s
+
+
+def test_the_weight_read_rate_is_read_and_a_bad_one_is_refused() -> None:
+    assert load_settings({"AUTOTUNE_SIM_LOAD_GBPS": "0.75"}).weight_read_s(7.5e9) == pytest.approx(11.0)
+    with pytest.raises(SettingsError, match="AUTOTUNE_SIM_LOAD_GBPS"):
+        load_settings({"AUTOTUNE_SIM_LOAD_GBPS": "fast"})
 
 
 @pytest.mark.parametrize(

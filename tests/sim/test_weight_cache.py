@@ -242,6 +242,12 @@ def test_no_daemon_loads_from_disk_or_fails_after_the_state_timeout(sims: Any, s
     assert "WeightCacheUnavailableError: Weight cache daemon did not become ready within 3.0s" in strict.text()
 
 
+def test_the_disk_read_follows_the_configured_weight_read_rate(sims: Any, tmp_path: Any) -> None:
+    """``AUTOTUNE_SIM_LOAD_GBPS`` stands for the box's storage: a quarter of the rate, 4× the read."""
+    slow = sims.start("vllm", "--model", MODEL, env={**vllm_env(tmp_path), "AUTOTUNE_SIM_LOAD_GBPS": "0.625"})
+    assert load_seconds(slow) == pytest.approx(1.0 + 4 * (DISK_LOAD_S - 1.0), abs=0.05)
+
+
 def test_releases_before_0_34_reject_ipc_cache_and_preload(sims: Any, short_dir: str, tmp_path: Any) -> None:
     env = {**vllm_env(tmp_path), "AUTOTUNE_SIM_VLLM_VERSION": "0.33.0"}
     engine = ipc_engine(sims, env, short_dir)
