@@ -24,6 +24,7 @@ from autotune.options import (
     parse_parallel,
     typed_fixed,
 )
+from autotune.report.simband import report_sentence
 from autotune.search.job import TuneJob
 from autotune.search.tune import join_job, scaled_startup_timeout
 
@@ -102,7 +103,7 @@ def joined_job(name: str, storage: str, options: EngineOptions, study: dict[str,
         engine["command"] = shlex.split(options.command)
     study = {**study, "parallel": parse_parallel(study["parallel"]), "gpus": parse_gpus(study.get("gpus"))}
     job = join_job(name, storage, engine=engine, study=study)
-    return job, [f"{SIM_INTRO} (the study's engine)"] if job.engine.simulated else []
+    return job, [f"{SIM_INTRO} (the study's engine). {report_sentence()}"] if job.engine.simulated else []
 
 
 def _sim_env(options: EngineOptions) -> dict[str, str]:
@@ -211,7 +212,9 @@ def engine_choice(engine: str | None, python: str | None, command: str | None) -
         return engine, []
     ignored = [o for o, v in (("--python", python), ("--command", command)) if v]
     note = f"; {' and '.join(ignored)} ignored" if ignored else ""
-    return engine, [f"{SIM_INTRO} ({why}{note}); for a real engine pass --engine vllm|sglang and --python"]
+    return engine, [
+        f"{SIM_INTRO} ({why}{note}); for a real engine pass --engine vllm|sglang and --python. {report_sentence()}"
+    ]
 
 
 def engine_settings(engine: str, options: EngineOptions, fixed: dict[str, Any], env: dict[str, str]) -> EngineSettings:

@@ -5,6 +5,9 @@ The first argument picks the dialect; everything after it is the real engine's a
 ``sglang-weight-cache ...`` is ``python -m sglang.srt.weight_cache.daemon ...``). Simulator
 settings come only from ``AUTOTUNE_SIM_*`` environment variables (see ``settings.py``), so a
 launch line differs from the real engine's only in its command prefix.
+
+``python -m autotune_sim error-bands`` prints the simulator's validated error per kind of number
+as JSON (``fidelity.error_band``) and exits; it starts no engine.
 """
 
 from __future__ import annotations
@@ -15,13 +18,18 @@ from autotune_sim.settings import SettingsError, load_settings
 
 __all__ = ["main"]
 
-USAGE = "usage: python -m autotune_sim {vllm,sglang,sglang-weight-cache} [engine flags ...]"
+USAGE = "usage: python -m autotune_sim {vllm,sglang,sglang-weight-cache} [engine flags ...] | error-bands"
 DIALECTS = ("vllm", "sglang", "sglang-weight-cache")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one simulated engine process; return its exit code."""
     args = sys.argv[1:] if argv is None else argv
+    if args == ["error-bands"]:
+        from autotune_sim.fidelity import bands_json
+
+        print(bands_json())
+        return 0
     if not args or args[0] not in DIALECTS:
         print(USAGE, file=sys.stderr)
         return 2

@@ -24,11 +24,17 @@ above a 32K max length) 2048.
 Categories: ``kv`` (KV-cache size), ``memory`` (weights, non-torch, activation peak),
 ``decode`` (decode step / TPOT), ``eager`` (steps without CUDA graphs), ``ttft`` (prefill),
 ``moe`` (an MoE model), ``sglang-kv`` (``mem_fraction_static`` → ``max_total_num_tokens``).
+
+``error_band(category)`` is the validated error of one kind of number: the largest |error| over
+that category's validation rows that are not known misses, and how many rows that is.
+``python -m autotune_sim error-bands`` prints every band as JSON, so a program that only runs
+the simulator as a command (the tuner, which shows it next to modelled numbers) reads it as data.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +47,19 @@ from autotune_sim.presets import GPUS, ModelPreset, find_model
 from autotune_sim.scheduler import VllmScheduler
 from autotune_sim.stats import EngineStats
 
-__all__ = ["FITTED", "GOAL_BAND", "GOAL_MEDIAN", "VALIDATION", "Fact", "Summary", "summarise"]
+__all__ = [
+    "CATEGORIES",
+    "FITTED",
+    "GOAL_BAND",
+    "GOAL_MEDIAN",
+    "VALIDATION",
+    "Band",
+    "Fact",
+    "Summary",
+    "bands_json",
+    "error_band",
+    "summarise",
+]
 
 GOAL_BAND = 0.25  # every validation row within ±25 %
 GOAL_MEDIAN = 0.10  # median |error| of the validation rows ≤ 10 %
@@ -685,4 +703,47 @@ def summarise(facts: tuple[Fact, ...] = VALIDATION) -> Summary:
         worst,
         outside,
         misses,
+    )
+
+
+# ------------------------------------------------------------------------------- error bands
+CATEGORIES = {
+    "kv": "KV-cache size",
+    "memory": "memory (weights, non-torch, activation peak)",
+    "decode": "decode step / TPOT at batch 1",
+    "eager": "steps without CUDA graphs",
+    "ttft": "TTFT (prefill)",
+    "moe": "MoE KV-cache size",
+    "sglang-kv": "SGLang KV tokens",
+}
+
+
+@dataclass(frozen=True)
+class Band:
+    """How far a modelled number of one kind was from published measurements.
+
+    ``max_abs_error`` is None when the category has no validation row outside the known misses:
+    then there is no validated band to show.
+    """
+
+    category: str
+    label: str
+    max_abs_error: float | None
+    rows: int
+
+
+def error_band(category: str, facts: tuple[Fact, ...] = VALIDATION) -> Band:
+    """The largest |modelled/published − 1| over the category's validation rows that are not
+    known misses (a known miss is listed with its reason instead of widening every band)."""
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown fidelity category {category!r}; known: {', '.join(CATEGORIES)}")
+    errors = [abs(f.ratio() - 1.0) for f in facts if f.category == category and f.known_miss is None]
+    return Band(category, CATEGORIES[category], max(errors) if errors else None, len(errors))
+
+
+def bands_json() -> str:
+    """Every category's band, as ``python -m autotune_sim error-bands`` prints it."""
+    bands = {c: error_band(c) for c in CATEGORIES}
+    return json.dumps(
+        {c: {"label": b.label, "max_abs_error": b.max_abs_error, "rows": b.rows} for c, b in bands.items()}
     )

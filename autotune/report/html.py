@@ -18,6 +18,7 @@ from autotune.engines.base import flags_text
 from autotune.errors import ConfigError
 from autotune.report.markdown import render_markdown
 from autotune.report.plots import Plot, build_plots
+from autotune.report.simband import report_sentence
 from autotune.report.summary import SPREAD_NOTE, StudyReport, format_number, summarize
 from autotune.search.record import trial_record
 
@@ -88,7 +89,7 @@ def _header(report: StudyReport) -> str:
     )
     banner = (
         '<p class="banner" id="simulated-banner">Simulated engine: numbers are modelled by autotune\'s GPU simulator, '
-        "not measured on hardware.</p>"
+        f"not measured on hardware. {_e(report_sentence())}</p>"
         if report.simulated
         else ""
     )

@@ -12,6 +12,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from autotune.report.simband import modelled_note
 from autotune.report.summary import format_value
 
 __all__ = ["LiveProgress"]
@@ -38,6 +39,8 @@ class LiveProgress:
         self.console = console
         self.interactive = console.is_terminal
         self.simulated = simulated
+        # Read once: the band comes from the simulator as a command, and the panel redraws 4× a second.
+        self.modelled = modelled_note("output_throughput") if simulated else ""
         self.intro = list(intro or [])
         self.opening = opening
         self.study, self.total, self.done = "", 0, 0
@@ -68,7 +71,7 @@ class LiveProgress:
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold cyan")
         table.add_column()
-        sim = " [yellow](simulated engine: modelled numbers)[/]" if self.simulated else ""
+        sim = f" [yellow](simulated engine: {escape(self.modelled)})[/]" if self.simulated else ""
         table.add_row("study", f"{self.study}{sim}")
         if self.trial:
             table.add_row("trial", f"#{self.trial['number']} ({self.trial['stage']}) — tuning {self.done}/{self.total}")

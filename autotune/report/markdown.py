@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+from autotune.report.simband import report_sentence
 from autotune.report.summary import SPREAD_NOTE, Gain, StudyReport, TrialNote, format_number
 
 __all__ = ["render_markdown"]
@@ -30,7 +31,7 @@ def _intro(report: StudyReport) -> list[str]:
     stages = ", ".join(f"{k} {v}" for k, v in report.stages.items())
     lines = [f"# autotune report: {report.name}", ""]
     if report.simulated:
-        lines += ["> **Simulated engine: numbers are modelled**, not measured on hardware.", ""]
+        lines += [f"> **Simulated engine: numbers are modelled**, not measured on hardware. {report_sentence()}", ""]
     lines += [
         f"{report.engine} · model `{report.model}` · workload {report.workload} · "
         f"{report.direction} `{report.objective}` · {len(report.trials)} trials ({stages}) · {report.generated}",

@@ -17,6 +17,7 @@ from autotune.engines.base import flags_text
 from autotune.report.console import console, metric_cell, print_table, table
 from autotune.report.files import objective_terms
 from autotune.report.launch import engine_config, objective_metric, value_summary
+from autotune.report.simband import modelled_note
 from autotune.report.summary import explain, format_value, launch_counts, no_winner_text
 from autotune.search.job import TuneJob
 from autotune.search.record import (
@@ -178,7 +179,7 @@ def memory_edge_line(state: StageState, launches: dict[str, int] | None = None) 
 def print_best(study: optuna.Study, best: optuna.trial.FrozenTrial) -> None:
     value, note = value_summary(study, best)
     metric = objective_metric(study)
-    sim = " (modelled by the simulator)" if engine_config(study).get("simulated") else ""
+    sim = f" ({modelled_note(metric)})" if engine_config(study).get("simulated") else ""
     shown = "–" if value is None else f"{value:,.1f}"
     console.print(
         f"best trial {best.number} ({trial_record(best).stage}): {metric} {shown} ({note}){sim}",

@@ -1,0 +1,103 @@
+"""Simulated numbers carry the simulator's validated error band where they are shown (status,
+the report, the live run), read from the simulator's validation set; real numbers do not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+from rich.console import Console
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.report import simband
+from autotune.report.html import write_report
+from autotune.report.live import LiveProgress
+from autotune.search.storage import default_storage_url
+from autotune_sim.fidelity import error_band
+
+runner = CliRunner()
+METRICS = {"output_throughput": 1500.0, "p95_ttft_ms": 400.0, "p95_tpot_ms": 20.0, "error_rate": 0.0}
+
+
+def _decode_phrase() -> str:
+    band = error_band("decode")
+    assert band.max_abs_error is not None and band.rows >= 1
+    return f"decode step / TPOT at batch 1 ±{100 * band.max_abs_error:.0f} % over {band.rows} published rows"
+
+
+def _study(results: Path, name: str, simulated: bool) -> optuna.Study:
+    folder = results / name / "trials" / "0"
+    folder.mkdir(parents=True)
+    (folder / "engine.log").write_text("ready\n")
+    (folder / "bench.json").write_text(json.dumps({"schema_version": 1, "runs": [METRICS]}))
+    st = optuna.create_study(study_name=name, storage=default_storage_url(results, name), direction="maximize")
+    engine = {"kind": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "simulated": simulated}
+    st.set_user_attr(
+        "config", {"engine": engine, "workload": {"name": "chat", "objective": {"metric": "output_throughput"}}}
+    )
+    attrs: dict[str, Any] = {
+        "stage": "baseline",
+        "outcome": "ok",
+        "params": {"memory_fraction": 0.9},
+        "flags": {"--gpu-memory-utilization": 0.9},
+        "metrics": METRICS,
+        "constraints": [-0.5],
+        "violations": {},
+        "facts": {},
+        "timings": {"startup_s": 30.0, "bench_s": 60.0, "total_s": 95.0},
+        "reason": "",
+        "log_path": str(folder / "engine.log"),
+        "trial_dir": str(folder),
+    }
+    st.add_trial(
+        create_trial(
+            state=TrialState.COMPLETE,
+            value=1500.0,
+            params={"memory_fraction": 0.9},
+            distributions={"memory_fraction": FloatDistribution(0.8, 0.96, step=0.02)},
+            user_attrs=attrs,
+        )
+    )
+    return st
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_status_names_the_validated_band_only_for_a_simulated_study(tmp_path: Path, simulated: bool) -> None:
+    _study(tmp_path, "s", simulated)
+    result = runner.invoke(app, ["status", "s", "--results", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    best = next(line for line in result.output.splitlines() if line.startswith("best trial"))
+    if simulated:
+        assert f"modelled by the simulator; its validated error on {_decode_phrase()}" in best, best
+    else:
+        assert "modelled" not in result.output and "validated error" not in result.output
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_report_banner_carries_every_shown_band_only_when_simulated(tmp_path: Path, simulated: bool) -> None:
+    st = _study(tmp_path, "r", simulated)
+    html_path, md_path = write_report(st, tmp_path / "r")
+    page, md = html_path.read_text(), md_path.read_text()
+    ttft = error_band("ttft")
+    assert ttft.max_abs_error is not None
+    ttft_phrase = f"TTFT (prefill) ±{100 * ttft.max_abs_error:.0f} % over {ttft.rows} published row"
+    for text in (md, page):
+        shown = _decode_phrase() in text and ttft_phrase in text and "KV-cache size ±" in text
+        assert shown is simulated, text[:600]
+
+
+def test_live_view_of_a_simulated_run_names_the_band() -> None:
+    assert _decode_phrase() in LiveProgress(Console(), simulated=True).modelled
+    assert LiveProgress(Console(), simulated=False).modelled == ""
+
+
+def test_a_failing_band_command_says_so_instead_of_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(simband, "bands", lambda: None)
+    assert simband.modelled_note("p95_ttft_ms") == "modelled by the simulator; its validated error band is unavailable"
+    assert "unavailable" in simband.report_sentence()
