@@ -10,6 +10,11 @@ configuration with the same seed, trials and workload:
 
 Every configuration gets a fresh ``VLLM_CACHE_ROOT``, so no study starts warm from another.
 
+The weights' read rate stands for the box's storage and decides most of what the daemon buys:
+``--load-gbps`` runs every case at each rate given (``AUTOTUNE_SIM_LOAD_GBPS``; the simulator's
+2.5 GB/s is a page-cache read, 0.75 GB/s the SSD-bound four-rank read of a published SGLang
+start-up profile, lm-sys.github.io PR #385).
+
 Engine time is modelled time, the simulator's own clock, per trial:
 
 * ``load``, ``compile``, ``capture``: the seconds the engine logged (``facts.startup``);
@@ -28,7 +33,7 @@ simulator, not measured on hardware.
 Usage::
 
     python benchmarks/trial_cost.py [--trials 20] [--cases 70b-tp4 8b] [--method staged|search]
-        [--prompts N] [--speedup 50] [--json out.json]
+        [--prompts N] [--load-gbps 2.5 0.75] [--speedup 50] [--json out.json]
 """
 
 from __future__ import annotations
@@ -81,12 +86,13 @@ class StudyCost:
         return self.trials / self.hours if self.hours else 0.0
 
 
-def run_study(case: str, config: str, args: argparse.Namespace, folder: Path) -> Path:
+def run_study(case: str, config: str, load_gbps: float, args: argparse.Namespace, folder: Path) -> Path:
     model, extra = CASES[case]
     flags, env = CONFIGS[config]
     env = {
         "AUTOTUNE_SIM_VLLM_VERSION": "0.34.0",
         "AUTOTUNE_SIM_SEED": "0",
+        "AUTOTUNE_SIM_LOAD_GBPS": str(load_gbps),
         "VLLM_CACHE_ROOT": str(folder / "cache"),
         **env,
     }
@@ -176,17 +182,21 @@ def main() -> int:
     parser.add_argument("--speedup", type=float, default=50.0, help="The simulator's time compression.")
     parser.add_argument("--method", default="staged", choices=["staged", "search"], help="The studies' method.")
     parser.add_argument("--prompts", type=int, help="Requests per benchmark run (default: the workload's).")
+    parser.add_argument(
+        "--load-gbps", type=float, nargs="+", default=[2.5], help="Weight read rates to run each case at (GB/s)."
+    )
     parser.add_argument("--json", type=Path, help="Also write every study's cost here.")
     args = parser.parse_args()
     out: dict[str, Any] = {}
-    for case in args.cases:
+    for case, rate in ((c, r) for c in args.cases for r in args.load_gbps):
+        label = f"{case}, weights read at {rate:g} GB/s"
         costs: dict[str, StudyCost] = {}
         for config in args.configs:
             with tempfile.TemporaryDirectory(prefix="trial-cost-") as folder:
-                print(f"{case} / {config} ...", file=sys.stderr, flush=True)
-                costs[config] = study_cost(run_study(case, config, args, Path(folder)), args.speedup)
-        print_case(case, costs)
-        out[case] = {k: {**vars(v), "per_hour": v.per_hour, "hours": v.hours} for k, v in costs.items()}
+                print(f"{label} / {config} ...", file=sys.stderr, flush=True)
+                costs[config] = study_cost(run_study(case, config, rate, args, Path(folder)), args.speedup)
+        print_case(label, costs)
+        out[label] = {k: {**vars(v), "per_hour": v.per_hour, "hours": v.hours} for k, v in costs.items()}
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0

@@ -26,6 +26,7 @@ from optuna.trial import TrialState
 from autotune.bench.earlystop import (
     CANNOT_WIN,
     MIN_REQUESTS,
+    NOISE_MARGIN,
     REASONS,
     SERVER_DEAD,
     SLO_LOST,
@@ -199,6 +200,15 @@ def test_cannot_win_keeps_a_run_within_the_noise_margin() -> None:
     assert _steady_run(_watch(_workload(num_prompts=1000), 1000, incumbent=104.0), rate=100.0, seconds=30) is None
 
 
+def test_cannot_win_allows_for_the_noise_the_study_measured() -> None:
+    """Incumbent 115 against 100 tok/s: below it beyond the 5 % floor, but within a measured 20 %
+    run-to-run spread, where the incumbent's own run may have been that lucky."""
+    workload = _workload(num_prompts=1000)
+    assert _steady_run(_watch(workload, 1000, incumbent=115.0), rate=100.0, seconds=30) is not None
+    noisy = _watch(workload, 1000, incumbent=115.0, noise_margin=0.20)
+    assert _steady_run(noisy, rate=100.0, seconds=30) is None
+
+
 def test_cannot_win_needs_an_incumbent_and_a_throughput_objective() -> None:
     assert _steady_run(_watch(_workload(num_prompts=1000), 1000), rate=100.0, seconds=30) is None
     latency = _workload(num_prompts=1000, objective={"metric": "p95_ttft_ms", "direction": "minimize"})
@@ -257,6 +267,9 @@ def test_policy_never_stops_baseline_validation_probes_or_with_the_option_off() 
     for stage in ("search", "scenario"):  # --method search, and the staged method's search
         search = early_stop_policy(_settings(), stage, False, incumbent)
         assert search is not None and search.reasons == REASONS and search.incumbent == 123.0
+        assert search.noise_margin == NOISE_MARGIN
+    measured = early_stop_policy(_settings(), "search", False, incumbent, lambda: 0.12)
+    assert measured is not None and measured.noise_margin == 0.12
     graph = early_stop_policy(_settings(), "cuda_graph", False, incumbent)
     assert graph is not None and CANNOT_WIN not in graph.reasons and SLO_LOST in graph.reasons
     repeated = early_stop_policy(_settings(repeats=3), "search", False, incumbent)

@@ -25,7 +25,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.bench.earlystop import CANNOT_WIN
+from autotune.bench.earlystop import CANNOT_WIN, NOISE_MARGIN
 from autotune.config import SearchSpace, Workload, as_given
 from autotune.engines.base import EngineAdapter
 from autotune.engines.rootcause import UNTUNED_KINDS
@@ -234,7 +234,7 @@ class StudyRun:
                     # Real engines only: the simulator's runs are deterministic and its clock compressed.
                     stable_within=None if self.job.engine.simulated or probe else STABLE_WITHIN,
                     judge_client=not probe,
-                    early_stop=early_stop_policy(self.job.study, stage, probe, self._incumbent),
+                    early_stop=early_stop_policy(self.job.study, stage, probe, self._incumbent, self._noise_margin),
                 )
                 result = run_trial(spec, self.adapter, workload, self.progress)
         except BaseException:
@@ -331,6 +331,15 @@ class StudyRun:
         """The best served trial's objective value so far (what a search trial must beat)."""
         best = best_trial(self.study)
         return None if best is None else primary_value(best)
+
+    def _noise_margin(self) -> float:
+        """The run-to-run noise a search trial is judged with against the incumbent: the largest
+        relative spread the study measured on its objective (trials run several times, finalists'
+        validation), never below the early stop's floor."""
+        metric = self.job.workload.objective.metric
+        spreads = [float(r.spread.get(metric, 0.0)) for r in trial_records(self.trials())]
+        spreads += [float(v.get("spread", 0.0)) for v in validation(self.study).values()]
+        return max([NOISE_MARGIN, *spreads])
 
     def best_summary(self) -> dict[str, Any] | None:
         best = best_trial(self.study)

@@ -25,7 +25,15 @@ import httpx
 from autotune import __version__
 from autotune.bench import prometheus, quality
 from autotune.bench.capacity import search_capacity
-from autotune.bench.earlystop import REASONS, SERVER_DEAD, SLO_LOST, EarlyStop, EarlyStopPolicy, StopDecision
+from autotune.bench.earlystop import (
+    NOISE_MARGIN,
+    REASONS,
+    SERVER_DEAD,
+    SLO_LOST,
+    EarlyStop,
+    EarlyStopPolicy,
+    StopDecision,
+)
 from autotune.bench.gauges import GaugeSampler
 from autotune.bench.instruments import run_engine_client
 from autotune.bench.loadgen import BenchProgress, run_workload_sync
@@ -146,19 +154,24 @@ RANKED_STAGES = frozenset({"scenario", "search"})
 
 
 def early_stop_policy(
-    settings: StudySettings, stage: str, probe: bool, incumbent: Callable[[], float | None]
+    settings: StudySettings,
+    stage: str,
+    probe: bool,
+    incumbent: Callable[[], float | None],
+    noise: Callable[[], float] = lambda: NOISE_MARGIN,
 ) -> EarlyStopPolicy | None:
     """What may end a trial's runs early (None: nothing). A dead engine always may; a lost SLO
     only with one run per trial (with repeats the median of the runs decides); ``cannot_win``
     only in the search stages, whose trials rank against the incumbent (``incumbent()``: the best
-    served trial's value), while the context and graph stages compare a run with their own last step."""
+    served trial's value, ``noise()``: the run-to-run noise to allow for), while the context and graph
+    stages compare a run with their own last step."""
     if not settings.early_stop or probe or stage in NEVER_STOPPED:
         return None
     if settings.repeats > 1:
         return EarlyStopPolicy(frozenset({SERVER_DEAD}))
     if stage not in RANKED_STAGES:
         return EarlyStopPolicy(frozenset({SLO_LOST, SERVER_DEAD}))
-    return EarlyStopPolicy(REASONS, incumbent=incumbent())
+    return EarlyStopPolicy(REASONS, incumbent=incumbent(), noise_margin=noise())
 
 
 def _explain(result: TrialResult, t: _Trial, err: AutotuneError) -> None:
