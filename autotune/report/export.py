@@ -29,6 +29,7 @@ from autotune import __version__
 from autotune.engines import ADAPTERS
 from autotune.engines.base import EngineAdapter
 from autotune.errors import ConfigError
+from autotune.report.simband import report_sentence
 
 __all__ = ["FORMATS", "LaunchRecord", "render"]
 
@@ -121,6 +122,7 @@ def to_bash(rec: LaunchRecord) -> str:
         lines.append(_comment(rec.summary))
     if rec.simulated:
         lines.append(_comment("Tuned on autotune's simulated engine: its numbers are modelled, not measured."))
+        lines.append(_comment(report_sentence()))
     lines.append(_comment(_daemon_note(rec)))
     lines.append(_comment(f"Generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}."))
     lines += [

@@ -101,3 +101,12 @@ def test_a_failing_band_command_says_so_instead_of_a_number(monkeypatch: pytest.
     monkeypatch.setattr(simband, "bands", lambda: None)
     assert simband.modelled_note("p95_ttft_ms") == "modelled by the simulator; its validated error band is unavailable"
     assert "unavailable" in simband.report_sentence()
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_an_exported_script_carries_the_band_only_when_simulated(simulated: bool) -> None:
+    from autotune.report.export import LaunchRecord, to_bash
+
+    argv = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--port", "8000", "--max-num-seqs", "64"]
+    script = to_bash(LaunchRecord("s", 3, argv, {}, simulated=simulated))
+    assert (_decode_phrase() in script) is simulated, script[:800]
