@@ -419,7 +419,8 @@ class VllmEngine:
     @staticmethod
     def _facts(cfg: Any, fp: Any, plan: Any) -> dict[str, Any]:
         """What vLLM logs at start-up (its "Free memory on device … Actual usage is …" line, the
-        graph pool line and the KV cache size), in the units the log gives."""
+        graph pool line and the KV cache size), in the units the log gives, as the vLLM adapter
+        reads them."""
         return {
             "memory_budget": "total",  # the fraction caps everything the engine allocates
             "mem_total_gib": plan.total / GIB,
@@ -524,14 +525,14 @@ class SglangEngine:
         )
 
     def _facts(self, cfg: Any, fp: Any, plan: Any) -> dict[str, Any]:
-        """What SGLang logs at start-up (load weight end, KV cache allocated, capture ends, the
-        summary line), in the log's units."""
+        """What SGLang logs at start-up (memory baseline, load weight begin/end, KV cache
+        allocated, capture ends, the summary line), in the log's units, as the SGLang adapter
+        reads them. SGLang profiles no activations, so no activation peak."""
         return {
             "memory_budget": "static",  # the fraction of free memory kept for weights and KV
             "mem_total_gib": self.settings.gpu.torch_total_gib,
             "mem_free_gib": plan.pre / GIB,
             "weights_gib": (plan.pre - plan.after_weights) / GIB,
-            "activation_peak_gib": step_bytes(fp, cfg.chunked_prefill_size, 1, runtime=False) / GIB,
             "graph_gib": (plan.prefill_graph + plan.decode_graph) / GIB,
             "kv_bytes_per_token": fp.kv_bytes_per_token,
             "kv_tokens": plan.kv_tokens,
@@ -821,7 +822,8 @@ def staged(ledger: Ledger, seed: int, levers: frozenset[str] = ALL_LEVERS) -> No
     if "slo" in levers and not move:
         move = _slo_move(ledger, context)
     fixed: Params = {}
-    start = _probe_start(ledger, context if context.outcome.served else baseline, "predict" in levers)
+    # stages._predicted_start: the earliest served run of the study's workload.
+    start = _probe_start(ledger, baseline if baseline.outcome.served else context, "predict" in levers)
     edge = _memory_edge(ledger, budget["memory_edge"], start)
     if edge is not None:
         fixed[MEMORY] = edge

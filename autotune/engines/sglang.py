@@ -196,6 +196,10 @@ _PREFILL_GRAPH_FAILED = re.compile(r"Fail when using backend: (\w+) for prefill 
 _ELAPSED = re.compile(r"(?:elapsed=|Time elapsed: )(\d+(?:\.\d+)?) ?s")
 _MEM_USAGE = re.compile(r"mem usage=(\d+(?:\.\d+)?) GB")
 _AVAIL_MEM = re.compile(r"avail mem=(\d+(?:\.\d+)?) GB")
+# The free memory --mem-fraction-static is a share of ("Load weight begin. avail mem=X GB") and
+# what the process held before it (0.5.23+: "Memory baseline taken. mem usage=X GB").
+_WEIGHTS_BEGIN = re.compile(r"Load weight begin\. avail mem=(\d+(?:\.\d+)?) GB")
+_BASELINE_USAGE = re.compile(r"Memory baseline taken\. mem usage=(\d+(?:\.\d+)?) GB")
 # The decode sizes as 0.5.15-0.5.22 log them on the begin line and 0.5.23 on the end line.
 _CAPTURED_BS = re.compile(r"\bbs=\[([\d, ]*)\]")
 _READY = re.compile(r"The server is fired up and ready to roll")
@@ -470,7 +474,17 @@ def _startup_event(line: str) -> LogEvent | None:
         return LogEvent(EventKind.GRAPH_CAPTURE, line, {"phase": "failed", "stage": "prefill"})
     if _READY.search(line):
         return LogEvent(EventKind.READY, line)
-    return _weights_event(line)
+    return _memory_budget_event(line) or _weights_event(line)
+
+
+def _memory_budget_event(line: str) -> LogEvent | None:
+    """What the memory stage predicts its edge from (``memory_budget`` "static": the fraction is
+    a share of the free memory measured before the weights load)."""
+    if m := _WEIGHTS_BEGIN.search(line):
+        return LogEvent(EventKind.KV_CAPACITY, line, {"memory_budget": "static", "mem_free_gib": float(m[1])})
+    if m := _BASELINE_USAGE.search(line):
+        return LogEvent(EventKind.KV_CAPACITY, line, {"baseline_usage_gib": float(m[1])})
+    return None
 
 
 def _weights_event(line: str) -> LogEvent | None:
@@ -832,7 +846,9 @@ class SglangAdapter(EngineAdapter):
         ``resolved_knobs`` (what SGLang's auto defaults resolved to; the version: :meth:`served_facts`),
         ``reduced_flags`` (``{flag: {"requested", "used"}}``: a value SGLang lowered at start-up),
         ``retracted_input_tokens`` (prompt tokens recomputed after retractions), ``decode_passes``
-        (with ``cuda_graph_false_share`` then exact, from the per-mode pass counter).
+        (with ``cuda_graph_false_share`` then exact, from the per-mode pass counter),
+        ``memory_budget`` / ``mem_free_gib`` / ``mem_total_gib`` (what the memory stage predicts
+        its edge from; SGLang profiles no activation peak, so none is reported).
         """
         facts: dict[str, Any] = {}
         facts.update(_startup_facts(events))
@@ -875,11 +891,31 @@ def _startup_facts(events: list[LogEvent]) -> dict[str, Any]:
             # What SGLang's auto defaults resolved to: the baseline every gain is measured against.
             knobs = resolved_knobs(data["args"])
             facts["resolved_knobs"] = {k: v for k, v in knobs.items() if v is not None}
+    return _with_total(facts)
+
+
+def _with_total(facts: dict[str, Any]) -> dict[str, Any]:
+    """SGLang logs no card size: the free memory before the weights plus the process's own
+    baseline is what it could see (releases without the baseline line: the free memory alone)."""
+    baseline = facts.pop("baseline_usage_gib", 0.0)
+    if "mem_free_gib" in facts:
+        facts["mem_total_gib"] = round(facts["mem_free_gib"] + baseline, 4)
     return facts
 
 
 _KV_FACT_KEYS = frozenset(
-    {"kv_tokens", "kv_gib", "max_concurrency", "context_len", "headroom_gib", "kv_below_context", "max_running_reduced"}
+    {
+        "kv_tokens",
+        "kv_gib",
+        "max_concurrency",
+        "context_len",
+        "headroom_gib",
+        "kv_below_context",
+        "max_running_reduced",
+        "memory_budget",
+        "mem_free_gib",
+        "baseline_usage_gib",
+    }
 )
 
 

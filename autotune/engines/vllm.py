@@ -100,6 +100,26 @@ _KV_GIB = (
     re.compile(r"Auto set \(([\d.]+)/[\d.]+\) GiB for KV cache"),  # CPU build: fraction × node − worker RSS
 )
 _GRAPH = re.compile(r"Graph capturing finished in (\d+) secs?, took ([\d.]+) GiB")
+# The start-up memory profile, what the memory stage predicts its edge from. 0.11+ logs it on one
+# line once the KV cache is sized: "Free memory on device (F/T GiB) on startup. Desired GPU memory
+# utilization is (U, R GiB). Actual usage is C GiB for consumed memory (weights + non-torch), P GiB
+# for peak activation, ..." (0.11 splits C: "W GiB for weight, P GiB for peak activation, N GiB for
+# non-torch memory"). The start-up refusal reads "Free memory on device cuda:0 (F/T GiB) on startup
+# is less than ..." and is not matched.
+_FREE_AT_START = re.compile(r"Free memory on device \(([\d.]+)/([\d.]+) GiB\) on startup\. Desired")
+_CONSUMED = re.compile(r"Actual usage is ([\d.]+) GiB for (?:consumed memory|weight)")
+_NON_TORCH_SPLIT = re.compile(r"([\d.]+) GiB for non-torch memory")
+_PEAK_ACTIVATION = re.compile(r"([\d.]+) GiB for peak activation")
+# 0.6-0.10 log the profile on three lines: "Memory profiling takes ...", "... total_gpu_memory
+# (T GiB) x gpu_memory_utilization (U) = R GiB" and "model weights take W GiB; non_torch_memory
+# takes N GiB; PyTorch activation peak memory takes P GiB; the rest of the memory reserved for KV
+# Cache is K GiB." (some builds leave out the non-torch part).
+_TOTAL_GPU = re.compile(r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization")
+_PROFILE_TAKES = re.compile(
+    r"model weights take ([\d.]+) ?GiB;(?: non_torch_memory takes ([\d.]+) ?GiB;)? "
+    r"PyTorch activation peak memory takes ([\d.]+) ?GiB"
+)
+_CHUNKED_PREFILL = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _READY = re.compile(r"Starting vLLM server on (\S+)|Application startup complete")
 # Start-up phases (vLLM 0.32-0.34): the loader, torch.compile's monitor and the engine core.
 _WEIGHTS_LOADED = re.compile(r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds")
@@ -209,6 +229,31 @@ def _graph_event(line: str) -> LogEvent | None:
     return LogEvent(EventKind.GRAPH_CAPTURE, line, {"seconds": float(m.group(1)), "gib": float(m.group(2))})
 
 
+def _profile_event(line: str) -> LogEvent | None:
+    """The start-up memory profile (``memory_budget`` "total": the fraction caps everything vLLM
+    allocates), as a KV-planning event whose data are facts of the same names."""
+    if m := _FREE_AT_START.search(line):
+        data: dict[str, Any] = {"memory_budget": "total", "mem_free_gib": float(m[1]), "mem_total_gib": float(m[2])}
+        consumed, split = _CONSUMED.search(line), _NON_TORCH_SPLIT.search(line)
+        if consumed:  # weights + non-torch memory: what the profile saw outside the KV cache and activations
+            data["weights_gib"] = round(float(consumed[1]) + (float(split[1]) if split else 0.0), 4)
+        if peak := _PEAK_ACTIVATION.search(line):
+            data["activation_peak_gib"] = float(peak[1])
+        return LogEvent(EventKind.KV_CAPACITY, line, data)
+    if m := _TOTAL_GPU.search(line):
+        # These releases count only their own memory against the budget and check no free memory
+        # at start: the card is taken as the engine's, and the prediction's margin covers the rest.
+        total = float(m[1])
+        return LogEvent(EventKind.KV_CAPACITY, line, {"mem_total_gib": total, "mem_free_gib": total})
+    if m := _PROFILE_TAKES.search(line):
+        weights = float(m[1]) + (float(m[2]) if m[2] else 0.0)
+        data = {"memory_budget": "total", "weights_gib": round(weights, 4), "activation_peak_gib": float(m[3])}
+        return LogEvent(EventKind.KV_CAPACITY, line, data)
+    if m := _CHUNKED_PREFILL.search(line):
+        return LogEvent(EventKind.NON_DEFAULT_ARGS, line, {"resolved": {"batched_tokens": int(m[1])}})
+    return None
+
+
 def _ready_event(line: str) -> LogEvent | None:
     m = _READY.search(line)
     if not m:
@@ -307,6 +352,7 @@ _PARSERS: tuple[Callable[[str], LogEvent | None], ...] = (
     _failure_event,
     _stats_event,
     _kv_event,
+    _profile_event,
     _graph_event,
     _startup_event,
     _version_event,
@@ -355,6 +401,8 @@ def _metric_facts(before: Mapping[str, float], after: Mapping[str, float]) -> di
 
 
 _KV_FACT_KEYS = frozenset({"kv_tokens", "kv_gib", "max_concurrency", "context_len"})
+# What the memory stage's prediction reads (stages.predict_memory_edge).
+_MEMORY_FACT_KEYS = frozenset({"memory_budget", "mem_free_gib", "mem_total_gib", "weights_gib", "activation_peak_gib"})
 
 
 def _event_facts(events: list[LogEvent]) -> dict[str, Any]:
@@ -363,11 +411,14 @@ def _event_facts(events: list[LogEvent]) -> dict[str, Any]:
     stats: list[dict[str, Any]] = []
     for event in events:
         if event.kind == EventKind.KV_CAPACITY:
-            facts.update({k: v for k, v in event.data.items() if k in _KV_FACT_KEYS})
+            facts.update({k: v for k, v in event.data.items() if k in _KV_FACT_KEYS | _MEMORY_FACT_KEYS})
             if "pool" in event.data:  # "GPU", "CPU" or "CPU + host": where the KV cache lives
                 facts["kv_device"] = event.data["pool"].split()[0].lower()
         elif event.kind == EventKind.VERSION:
             facts["engine_version"] = event.data["version"]
+        elif event.kind == EventKind.NON_DEFAULT_ARGS and "resolved" in event.data:
+            # Values vLLM chose itself (the defaults' chunk): what an SLO-first move starts from.
+            facts["resolved_knobs"] = {**facts.get("resolved_knobs", {}), **event.data["resolved"]}
         elif event.kind == EventKind.NON_DEFAULT_ARGS:
             facts["non_default_args"] = event.data.get("args", event.data.get("raw"))
         elif event.kind == EventKind.GRAPH_CAPTURE:
@@ -598,7 +649,10 @@ class VllmAdapter(EngineAdapter):
 
         From the log: ``kv_tokens``, ``kv_gib``, ``max_concurrency``, ``context_len``,
         ``engine_version``, ``non_default_args``, ``graph_capture_s``, ``graph_gib``,
-        ``token_usage_peak``, ``queue_peak``, ``running_peak``. From ``/metrics`` deltas:
+        ``token_usage_peak``, ``queue_peak``, ``running_peak``; the start-up memory profile
+        (``memory_budget``, ``mem_free_gib``, ``mem_total_gib``, ``weights_gib``,
+        ``activation_peak_gib``) and ``resolved_knobs``
+        (``batched_tokens``: the chunk vLLM chose). From ``/metrics`` deltas:
         ``preemptions``, ``prefix_cache_hits``, ``prefix_cache_queries``, ``cache_hit_rate``,
         ``prompt_tokens``, ``generation_tokens``; from ``vllm:cache_config_info`` labels:
         ``num_gpu_blocks``, ``block_size``, ``kv_cache_size_tokens``, ``kv_cache_max_concurrency``.

@@ -1,7 +1,9 @@
 """The tuning methodology the seed articles teach by hand, as stages of one study.
 
 1. baseline        — the engine's defaults; every result is a gain over it (runner.py).
-2. context         — ``context_len`` = the workload's longest request + headroom.
+2. context         — ``context_len`` = the workload's longest request + headroom. When the
+                     baseline broke the SLO, this run already moves the knobs its symptoms point
+                     to (``slo_first``), and so do the graph runs and the scenario's first trial.
 3. memory_edge     — raise the memory fraction in 0.02 steps (or bisect) until it fails *under
                      the workload's peak shape*; keep the last stable value minus one step.
 4. cuda_graph      — double the captured max batch while giving back 0.02 of memory; keep it
@@ -25,8 +27,8 @@ from typing import Any
 from autotune.config import CategoricalParam, FloatParam, IntParam, SearchSpace, Workload
 from autotune.outcomes import Outcome
 from autotune.runtime.hostmem import GIB, NodeMemory, node_memory
-from autotune.search.record import StageState, set_memory_edge, trial_record, trial_records
-from autotune.search.runner import StudyRun
+from autotune.search.record import StageState, TrialRecord, set_memory_edge, trial_record, trial_records
+from autotune.search.runner import STAGE_BASELINE, StudyRun
 from autotune.search.storage import primary_value
 
 __all__ = [
@@ -40,12 +42,15 @@ __all__ = [
     "scenario_of",
     "sequential_stages",
     "skip_stage",
+    "slo_first",
     "slo_first_move",
+    "slo_first_stored",
     "snap_to_space",
 ]
 
 STEP = 0.02
 MEMORY, GRAPH, CONTEXT = "memory_fraction", "cuda_graph_max_bs", "context_len"
+SLO_FIRST = "slo_first"
 
 
 # ------------------------------------------------------------------------------ budget
@@ -124,18 +129,21 @@ def predict_memory_edge(facts: Mapping[str, Any], low: float, high: float) -> fl
     allocates, the profiled activation peak and graph estimate included, so what lies outside it
     (free − fraction × total) must hold only what serving adds beyond the profile. ``static``: it
     is the share of free memory kept for weights and KV, so the rest must hold the activations,
-    the graphs and the run-time margin.
+    the graphs and the run-time margin. An engine that profiles no activations (SGLang) logs no
+    peak: the margin alone stands for them there, and the probes that follow check it.
     """
+    budget = facts.get("memory_budget")
     try:
         total, free = float(facts["mem_total_gib"]), float(facts["mem_free_gib"])
-        act, graphs = float(facts["activation_peak_gib"]), float(facts.get("graph_gib") or 0.0)
-        budget = str(facts["memory_budget"])
+        act = float(facts["activation_peak_gib"] if budget == "total" else facts.get("activation_peak_gib") or 0.0)
+        graphs = float(facts.get("graph_gib") or 0.0)
     except (KeyError, TypeError, ValueError):
         return None
     margin = RUNTIME_MARGIN * total + ACTIVATION_GROWTH * act
     if budget == "total":
-        missed = max(0.0, graphs - float(facts.get("graph_estimate_gib") or graphs))
-        fraction = (free - margin - missed) / total
+        # The graph pool's excess over vLLM's estimate (≈ 0.05 GiB on an 8B model) is left to the
+        # margin: taking it off as well put the RTX 4090 case's start one step under its edge.
+        fraction = (free - margin) / total
     elif budget == "static":
         fraction = 1.0 - (act + graphs + margin) / free
     else:
@@ -343,9 +351,10 @@ def graph_sizes(space: SearchSpace) -> list[int]:
     return []
 
 
-def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float) -> dict[str, Any]:
+def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float, move: Mapping[str, Any]) -> dict[str, Any]:
     """Walk the captured max batch up (256 → 512 → 768 …) giving back 0.02 of memory per step;
-    keep a larger size only when throughput beats the current best by more than the noise."""
+    keep a larger size only when throughput beats the current best by more than the noise. The
+    runs carry the SLO-first ``move``: a size judged on runs that break the SLO would be rejected."""
     state = run.stage_state("cuda_graph")
     if state is not None and state.done:
         return dict(state.fixed or {})
@@ -364,7 +373,8 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float) -> dict[str, 
         choice = {**fixed, GRAPH: size}
         if MEMORY in fixed:
             choice[MEMORY] = round(fixed[MEMORY] - STEP * i, 4)
-        t = _existing(run, "cuda_graph", choice) or run.run("cuda_graph", explicit=choice).summary()
+        ran = {**move, **choice}
+        t = _existing(run, "cuda_graph", ran) or run.run("cuda_graph", explicit=ran).summary()
         value = t["value"] if t["outcome"] == Outcome.OK else -math.inf
         keep = value > -math.inf and (best is None or value > best_value * (1 + noise))
         verdict = _graph_verdict(t["outcome"], value, best_value, noise, keep)
@@ -491,15 +501,58 @@ def slo_first_move(
 
 
 def _below(space: SearchSpace, name: str, current: int) -> Any:
-    """The space's largest value under half of ``current`` (or its smallest), None if not searched."""
+    """The space's value nearest half of ``current`` and below it (or its smallest), None if not
+    searched. Nearest, not at most half: a running peak sampled from gauges can read a little
+    under the cap the engine ran (62 of 64), and halving that must still give 32, not 16."""
     p = space.params.get(name)
     if isinstance(p, CategoricalParam):
         values = sorted(int(c) for c in p.choices)
-        under = [v for v in values if v <= current // 2]
-        return under[-1] if under else values[0]
+        under = [v for v in values if v < current]
+        return min(under, key=lambda v: abs(v - current / 2)) if under else values[0]
     if isinstance(p, IntParam):
         return max(p.low, min(p.high, current // 2))
     return None
+
+
+def slo_first(run: StudyRun, stage: str) -> dict[str, Any]:
+    """The knobs to move first when ``stage``'s served run of the defaults broke the SLO.
+
+    Decided once and stored as the ``slo_first`` stage with its reason, so the context run, the
+    graph runs and the scenario's opening trial all carry the same move, and a resume keeps it.
+    """
+    stored, _ = slo_first_stored(run)
+    if stored:
+        return stored
+    record = _served(run, stage)
+    found = slo_first_move(record.violations, record.facts, run.job.space) if record and record.violations else None
+    if found is None:
+        return {}
+    move, reason = found
+    broken = ", ".join(f"{k} +{v:.0%}" for k, v in record.violations.items()) if record else ""
+    note = f"the {stage} run broke its SLO ({broken}): {reason}"
+    run.set_stage_state(SLO_FIRST, StageState(done=True, fixed=move, note=note))
+    run.progress.message(f"SLO first: {note} → {_knob_text(move)}, from the next trial on")
+    return move
+
+
+def slo_first_stored(run: StudyRun) -> tuple[dict[str, Any], str | None]:
+    """The SLO-first move already decided, and why (empty when none was needed)."""
+    state = run.stage_state(SLO_FIRST)
+    if state is None or not state.done:
+        return {}, None
+    return dict(state.fixed or {}), state.note
+
+
+def _served(run: StudyRun, stage: str) -> TrialRecord | None:
+    """The stage's first served run of the study's own workload."""
+    for r in trial_records(run.finished(stage)):
+        if r.outcome in (Outcome.OK, Outcome.SLO_VIOLATION) and r.workload_override is None:
+            return r
+    return None
+
+
+def _knob_text(knobs: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in knobs.items())
 
 
 def conservativeness_hint(facts: Mapping[str, Any], current: float) -> float | None:
@@ -529,7 +582,9 @@ def conservativeness_next(
 
 
 # ------------------------------------------------------------------------------ context
-def context(run: StudyRun, fixed: dict[str, Any]) -> dict[str, Any]:
+def context(run: StudyRun, fixed: dict[str, Any], move: Mapping[str, Any]) -> dict[str, Any]:
+    """``context_len`` from the workload's longest request; the run also carries the SLO-first
+    ``move`` (it is the first trial after the baseline), which the decision does not keep."""
     state = run.stage_state("context")
     if state is not None and state.done:
         return dict(state.fixed or {})
@@ -546,7 +601,7 @@ def context(run: StudyRun, fixed: dict[str, Any]) -> dict[str, Any]:
         f"context: {length} tokens (longest request {longest} + 10 % headroom): "
         "the memory it frees goes to the KV cache"
     )
-    choice = {**fixed, CONTEXT: length}
+    choice = {**fixed, **move, CONTEXT: length}
     result = _existing(run, "context", choice) or run.run("context", explicit=choice).summary()
     decision = {CONTEXT: length} if result["outcome"] in (Outcome.OK, Outcome.SLO_VIOLATION) else {}
     run.set_stage_state("context", StageState(done=True, fixed=decision))
@@ -574,9 +629,11 @@ def sequential_stages(run: StudyRun, budget: Mapping[str, int], memory_mode: str
     run.retry_failed()
     run.baseline()
     fixed: dict[str, Any] = {}
-    fixed.update(context(run, fixed))
+    move = slo_first(run, STAGE_BASELINE)
+    fixed.update(context(run, fixed, move))
+    move = move or slo_first(run, "context")  # the defaults may first serve with the context set
     edge = memory_edge(run, budget["memory_edge"], fixed, memory_mode)
     if edge is not None:
         fixed[MEMORY] = edge
-    fixed.update(cuda_graph(run, fixed, _noise(run)))
+    fixed.update(cuda_graph(run, fixed, _noise(run), move))
     return fixed

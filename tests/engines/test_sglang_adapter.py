@@ -24,6 +24,7 @@ from autotune.engines.sglang import SglangAdapter, resolved_knobs
 from autotune.engines.vllm import VllmAdapter
 from autotune.errors import EngineError, InvalidFlags
 from autotune.outcomes import Outcome
+from autotune.search.stages import predict_memory_edge
 
 DATA = Path(__file__).parent / "data"
 SPACES = Path(__file__).parents[2] / "search_spaces"
@@ -288,8 +289,10 @@ def test_fixed_flags_reach_every_launch_and_trial_flags_win() -> None:
 def test_new_startup_log_events_in_order() -> None:
     events = events_of("sglang-0.5.23-startup.log")
     kinds = [e.kind for e in events]
-    assert kinds[:9] == [
+    assert kinds[:11] == [
         EventKind.NON_DEFAULT_ARGS,
+        EventKind.KV_CAPACITY,  # "Memory baseline taken. mem usage=0.52 GB"
+        EventKind.KV_CAPACITY,  # "Load weight begin. avail mem=78.62 GB"
         EventKind.STARTUP_PHASE,  # "Load weight end. elapsed=14.80 s"
         EventKind.KV_CAPACITY,
         EventKind.GRAPH_CAPTURE,
@@ -299,7 +302,7 @@ def test_new_startup_log_events_in_order() -> None:
         EventKind.KV_CAPACITY,
         EventKind.READY,
     ]
-    assert events[1].data == {"phase": "weights", "seconds": 14.8}
+    assert events[3].data == {"phase": "weights", "seconds": 14.8}
     assert kinds.count(EventKind.DECODE_BATCH) == 4 and kinds.count(EventKind.PREEMPTION) == 2
 
 
@@ -459,7 +462,6 @@ def test_resolved_server_args_are_parsed_both_forms() -> None:
 @pytest.mark.parametrize(
     "line",
     [
-        "Load weight begin. avail mem=78.62 GB",
         "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7) 2. set --cuda-graph-max-bs-decode "
         "to a smaller value (e.g., 16) 3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled",
         "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, #running-req: 0, "
@@ -746,3 +748,34 @@ def test_gpu_count_reads_every_spelling_each_engine_accepts(any_version: str) ->
     vllm = VllmAdapter(EngineSettings(kind="vllm", model="m"))
     assert vllm.gpu_count({"-tp": 2, "--pipeline-parallel-size": 2}) == 4
     assert vllm.gpu_count({"--tp-size": 8}) == 1  # an SGLang spelling is not vLLM's
+
+
+# ----------------------------------------------------------------------- start-up memory budget
+def test_memory_budget_facts_from_the_new_startup_log() -> None:
+    facts = make_adapter(NEW).engine_facts(events_of("sglang-0.5.23-startup.log"), {}, {})
+    # The fraction is a share of the free memory before the weights load; the card is that plus
+    # what the process held at its baseline (SGLang logs no card size).
+    assert (facts["memory_budget"], facts["mem_free_gib"], facts["mem_total_gib"]) == ("static", 78.62, 79.14)
+    assert facts["graph_gib"] == 1.43 and "activation_peak_gib" not in facts  # SGLang profiles none
+    # 1 − (graphs 1.43 + 5 % of 79.14) ÷ 78.62 = 0.931 → 0.92 on the grid
+    assert predict_memory_edge(facts, 0.80, 0.98) == 0.92
+
+
+def test_memory_budget_of_an_old_release_without_the_baseline_line() -> None:
+    facts = make_adapter(OLD).engine_facts(events_of("sglang-0.5.9-startup.log"), {}, {})
+    assert (facts["memory_budget"], facts["mem_free_gib"], facts["mem_total_gib"]) == ("static", 78.5, 78.5)
+
+
+@pytest.mark.parametrize(
+    ("line", "data"),
+    [
+        (
+            "[2026-06-20 10:00:04 TP1] Load weight begin. avail mem=78.62 GB",
+            {"memory_budget": "static", "mem_free_gib": 78.62},
+        ),
+        ("[2026-06-20 10:00:04] Memory baseline taken. mem usage=0.52 GB", {"baseline_usage_gib": 0.52}),
+    ],
+)
+def test_memory_budget_lines(line: str, data: dict[str, object]) -> None:
+    event = make_adapter(NEW).parse_log_line(line)
+    assert event is not None and event.kind == EventKind.KV_CAPACITY and event.data == data

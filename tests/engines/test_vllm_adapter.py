@@ -18,6 +18,7 @@ from autotune.engines.base import STARTUP_FATAL, EventKind, FlagSet, LogEvent, p
 from autotune.engines.vllm import VllmAdapter
 from autotune.errors import ConfigError, InvalidFlags
 from autotune.outcomes import Outcome
+from autotune.search.stages import predict_memory_edge
 
 DATA = Path(__file__).parent / "data"
 HELP = DATA / "vllm-0.32.0-help-all.txt"
@@ -447,3 +448,82 @@ def test_a_kv_pool_set_in_bytes_or_by_the_cpu_variable_says_the_fraction_sizes_n
     assert "kv_cache_memory_bytes pins the KV pool" in (gpu.pinned_kv_pool({"--kv-cache-memory-bytes": 1 << 30}) or "")
     cpu = make_adapter(env={"VLLM_CPU_KVCACHE_SPACE": "4"})
     assert (cpu.pinned_kv_pool({}) or "").startswith("VLLM_CPU_KVCACHE_SPACE=4 GiB fixes the CPU build's KV cache")
+
+
+# ------------------------------------------------------------------------ start-up memory profile
+PREFIX = "(EngineCore_DP0 pid=3021) INFO 09-23 18:12:39 "
+# vLLM 0.11 (weights and non-torch memory apart) and 0.2x-0.33 (together), as GPU runs log them.
+PROFILE_0_11 = (
+    PREFIX + "[gpu_worker.py:391] Free memory on device (78.66/79.19 GiB) on startup. Desired GPU memory utilization "
+    "is (0.9, 71.27 GiB). Actual usage is 14.08 GiB for weight, 1.97 GiB for peak activation, 0.07 GiB for "
+    "non-torch memory, and 0.67 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with "
+    "`--kv-cache-memory=58333988249` to fit into requested memory, or `--kv-cache-memory=66273897472` to fully "
+    "utilize gpu memory. Current kv cache memory in use is 59212694937 bytes."
+)
+PROFILE_0_3X = (
+    "(EngineCore pid=326) INFO 10-06 17:00:41 [gpu_worker.py:955] Free memory on device (78.84/79.25 GiB) on "
+    "startup. Desired GPU memory utilization is (0.92, 72.91 GiB). Actual usage is 15.26 GiB for consumed memory "
+    "(weights + non-torch), 1.44 GiB for peak activation, and 0.23 GiB for CUDAGraph memory."
+)
+# 0.6-0.10: one message over three lines, each with the log prefix.
+PROFILE_OLD = [
+    "INFO 05-30 16:23:28 worker.py:267] Memory profiling takes 5.07 seconds",
+    "INFO 05-30 16:23:28 worker.py:267] the current vLLM instance can use total_gpu_memory (14.56GiB) x "
+    "gpu_memory_utilization (0.50) = 7.28GiB",
+    "INFO 05-30 16:23:28 worker.py:267] model weights take 2.89GiB; non_torch_memory takes 0.01GiB; PyTorch "
+    "activation peak memory takes 2.02GiB; the rest of the memory reserved for KV Cache is 2.36GiB.",
+]
+
+
+def _memory_facts(lines: list[str]) -> dict[str, Any]:
+    facts = make_adapter().engine_facts(parse_all(lines), {}, {})
+    keys = ("memory_budget", "mem_free_gib", "mem_total_gib", "weights_gib", "activation_peak_gib")
+    return {k: facts[k] for k in keys if k in facts}
+
+
+def test_memory_profile_line_of_0_11_and_of_later_releases() -> None:
+    assert _memory_facts([PROFILE_0_11]) == {
+        "memory_budget": "total",
+        "mem_free_gib": 78.66,
+        "mem_total_gib": 79.19,
+        "weights_gib": 14.15,  # weight + non-torch memory
+        "activation_peak_gib": 1.97,
+    }
+    assert _memory_facts([PROFILE_0_3X]) == {
+        "memory_budget": "total",
+        "mem_free_gib": 78.84,
+        "mem_total_gib": 79.25,
+        "weights_gib": 15.26,
+        "activation_peak_gib": 1.44,
+    }
+
+
+def test_memory_profile_of_the_older_three_line_message_takes_the_card_as_free() -> None:
+    assert _memory_facts(PROFILE_OLD) == {
+        "memory_budget": "total",
+        "mem_free_gib": 14.56,
+        "mem_total_gib": 14.56,
+        "weights_gib": 2.9,
+        "activation_peak_gib": 2.02,
+    }
+
+
+def test_the_chunk_vllm_chose_is_a_resolved_knob() -> None:
+    line = PREFIX + "[scheduler.py:205] Chunked prefill is enabled with max_num_batched_tokens=8192."
+    facts = make_adapter().engine_facts(parse_all([line]), {}, {})
+    assert facts["resolved_knobs"] == {"batched_tokens": 8192}
+
+
+def test_the_start_up_refusal_is_not_read_as_a_profile() -> None:
+    refusal = (
+        "ValueError: Free memory on device cuda:0 (60.12/79.19 GiB) on startup is less than desired GPU memory "
+        "utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+    )
+    [event] = parse_all([refusal])
+    assert event.kind == EventKind.OOM_STARTUP
+
+
+def test_the_profile_predicts_an_edge_on_the_grid() -> None:
+    # (free − 5 % of the card − half the activation peak) ÷ total = (78.84 − 3.96 − 0.72) ÷ 79.25 → 0.92.
+    facts = make_adapter().engine_facts(parse_all([PROFILE_0_3X]), {}, {})
+    assert predict_memory_edge(facts, 0.80, 0.98) == 0.92

@@ -1,0 +1,100 @@
+"""The staged study's levers on the simulated engine, end to end: the memory probes start at the
+edge the defaults' start-up memory predicts, and an SLO the defaults break moves the knobs its
+symptom points to from the first trial after the baseline, with the reason stored."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.search import trial as trial_module
+from autotune.search.record import stage_state, trial_records
+from autotune.search.stages import STEP, predict_memory_edge
+from autotune.search.storage import load_study
+from autotune.search.tune import TuneJob, run_study
+
+pytestmark = pytest.mark.slow
+
+# At 20× a modelled TPOT of 18 ms (64 sequences per decode step) reads 0.9 ms on the wall, and
+# 10.5 ms (32 sequences) 0.53 ms: the bound breaks the defaults and a busy machine only adds time.
+SPEEDUP = 20
+TPOT_BOUND_MS = 0.6
+WORKLOAD = {
+    "name": "chat-small",
+    "dataset": {"input_len": 512, "output_len": 64},
+    "num_prompts": 64,
+    "warmup_requests": 2,
+    "arrival": {"concurrency": 64},
+    "slos": {"p95_tpot_ms": TPOT_BOUND_MS},
+}
+SPACE = {
+    "params": {
+        "memory_fraction": {"type": "float", "low": 0.80, "high": 0.98, "step": STEP},
+        "max_running": {"type": "categorical", "choices": [16, 32, 64]},
+    }
+}
+
+
+def _job(tmp_path: Path) -> TuneJob:
+    env = {"AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SPEEDUP": str(SPEEDUP), "AUTOTUNE_SIM_SEED": "0"}
+    engine = {
+        "kind": "vllm",
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "command": [sys.executable, "-m", "autotune_sim", "vllm"],
+        "env": env,
+        "startup_timeout_s": 60,
+        "simulated": True,
+    }
+    study = {"name": "t", "results_dir": tmp_path, "seed": 1, "method": "staged", "trials": 6, "finalists": 0}
+    return TuneJob(
+        engine=parse_model(EngineSettings, engine, "engine"),
+        space=parse_model(SearchSpace, SPACE, "space"),
+        workload=parse_model(Workload, WORKLOAD, "workload"),
+        study=parse_model(StudySettings, study, "study"),
+    )
+
+
+@pytest.fixture(scope="module")
+def staged_study(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trial_module, "GAUGE_INTERVAL_S", 0.05)  # the simulated runs last about a second
+        job = _job(tmp_path_factory.mktemp("levers"))
+        run_study(job)
+    return load_study("t", job.storage_url)
+
+
+def _by_stage(study: Any, stage: str) -> list[Any]:
+    return [r for r in trial_records(study.trials) if r.stage == stage]
+
+
+def _served(study: Any, stage: str) -> Any:
+    """The stage's served run (a run the client could not judge is retried: several records)."""
+    [served] = [r for r in _by_stage(study, stage) if r.outcome in ("ok", "slo_violation")]
+    return served
+
+
+def test_memory_probes_start_at_the_predicted_edge(staged_study: Any) -> None:
+    baseline = _served(staged_study, "baseline")
+    predicted = predict_memory_edge(baseline.facts, 0.80, 0.98)
+    assert predicted is not None and predicted >= 0.90  # the log gave what the prediction needs
+    probes = _by_stage(staged_study, "memory_edge")
+    assert probes[0].probe == predicted
+    state = stage_state(staged_study, "memory_edge")
+    assert state is not None and state.edge is not None and f"predicts {predicted:.2f}" in (state.note or "")
+    # Stepping up from 0.80 needs a probe per 0.02 to reach the same edge.
+    assert len(probes) < round((state.edge - 0.80) / STEP) + 1
+
+
+def test_the_slo_move_is_recorded_and_applied_from_the_context_run_on(staged_study: Any) -> None:
+    baseline = _served(staged_study, "baseline")
+    assert baseline.outcome == "slo_violation" and "p95_tpot_ms" in baseline.violations
+    state = stage_state(staged_study, "slo_first")
+    assert state is not None and state.fixed == {"max_running": 32}  # half the 64 the defaults ran
+    assert "TPOT over its bound" in (state.note or "")
+    assert all(r.params["max_running"] == 32 for r in _by_stage(staged_study, "context"))
+    scenario = _by_stage(staged_study, "scenario")
+    assert scenario and scenario[0].params is not None and scenario[0].params["max_running"] == 32
