@@ -159,10 +159,9 @@ def tune(
         str | None,
         typer.Option(help="Measuring instrument, overriding the workload's: autotune | vllm-bench | sglang-bench."),
     ] = None,
-    weight_cache: Annotated[
-        str, typer.Option(help="Weights held by a daemon across trials: auto | on | off.")
-    ] = "auto",
+    weight_cache: Annotated[str, typer.Option(help="Weights held by a daemon across trials: auto|on|off.")] = "auto",
     early_stop: Annotated[bool, typer.Option(help="End a search trial's run once it cannot matter.")] = True,
+    stop_when_done: Annotated[bool, typer.Option(help="End the search once more trials stop paying.")] = True,
 ) -> None:
     """Create or resume a study: baseline, the tuning stages (or a plain search), then validation.
 
@@ -176,7 +175,7 @@ def tune(
     settings.update(repeats=repeats, finalists=finalists, validation_runs=validation_runs, sampler=sampler, seed=seed)
     settings.update(method=method, memory_probe=memory_probe, host_memory_margin_gib=host_memory_margin)
     settings.update(baseline=baseline, parallel=parallel, gpus=gpus, heartbeat_s=heartbeat, weight_cache=weight_cache)
-    settings.update(early_stop=early_stop)
+    settings.update(early_stop=early_stop, stop_when_done=stop_when_done)
     job, intro = tune_job(options, space, workload, settings, client=bench_client)
     _run_job(job, intro)
 

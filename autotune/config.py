@@ -787,6 +787,11 @@ class StudySettings(StrictModel):
         default="auto",
         description="A daemon holds the weights across trials (vLLM ≥ 0.34): auto where the engine has one, on, off.",
     )
+    stop_when_done: bool = Field(
+        default=True,
+        description="End a search before its trial budget once a third of the budget in a row has not beaten "
+        "the best trial by more than the measured run-to-run noise (from 12 search trials on).",
+    )
     early_stop: bool = Field(
         default=True,
         description="End a search trial's benchmark once it cannot matter: an SLO already lost, a throughput "

@@ -101,6 +101,7 @@ def run_study(case: str, config: str, load_gbps: float, args: argparse.Namespace
         *("--workload", _workload(args, folder), "--trials", str(args.trials), "--seed", "0"),
         *("--results", str(folder), "--method", args.method),
         *("--finalists", "2", "--validation-runs", "1", "--sim-speedup", str(args.speedup), *extra, *flags),
+        "--no-stop-when-done",  # every configuration runs the same number of trials
         *(word for k, v in env.items() for word in ("--env", f"{k}={v}")),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -449,6 +449,11 @@ class EngineAdapter(ABC):
         (None when it can). Never assumed: an unknown version cannot."""
         return f"{self.name} {version or '(version unknown)'} has no weight-cache daemon autotune drives"
 
+    def weight_cache_conflict(self, flags: Mapping[str, Any]) -> str | None:
+        """Why an engine launched with ``flags`` cannot map its weights from a daemon (it then
+        loads them itself), or None."""
+        return None
+
     def weight_daemon(self, flags: Mapping[str, Any], socket_dir: Path, port: int) -> WeightDaemon:
         """The daemon that holds the weights engines launched with ``flags`` load."""
         raise NotImplementedError(f"{self.name}: no weight-cache daemon")

@@ -618,6 +618,14 @@ class SglangAdapter(EngineAdapter):
             return f"the launch command {command!r} has no weight-cache daemon module autotune knows"
         return None
 
+    def weight_cache_conflict(self, flags: Mapping[str, Any]) -> str | None:
+        """SGLang refuses ``--weight-cache-mode`` with speculative decoding: the daemon exports no
+        draft model."""
+        merged = {**self.to_flags(self.settings.fixed_flags), **flags}
+        if merged.get("--speculative-algorithm") is not None:
+            return "SGLang maps no draft model from a weight-cache daemon (--speculative-algorithm)"
+        return None
+
     def weight_daemon(self, flags: Mapping[str, Any], socket_dir: Path, port: int) -> WeightDaemon:
         """``python -m sglang.srt.weight_cache.daemon`` with the engine's key flags, one daemon
         per GPU of the engine, its sockets and ``.ready`` files in ``socket_dir`` (ready when

@@ -192,9 +192,12 @@ def print_best(study: optuna.Study, best: optuna.trial.FrozenTrial) -> None:
 
 
 def stopped_line(study: optuna.Study) -> str | None:
-    """Why the study stopped early (an engine failing whatever the flags), when it did."""
-    why = stopped(study)
-    return f"stopped: {why['line']}" if why else None
+    """Why the study stopped early (an engine failing whatever the flags), or why its search
+    ended before its trial budget, when it did."""
+    if why := stopped(study):
+        return f"stopped: {why['line']}"
+    stalls = [state.stalled for name in ("search", "scenario") if (state := stage_state(study, name)) and state.stalled]
+    return f"search ended early: {stalls[0]}" if stalls else None
 
 
 def export_note(study: optuna.Study, best: optuna.trial.FrozenTrial) -> str:

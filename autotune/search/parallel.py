@@ -23,6 +23,7 @@ finalist once, then again), so each gain over the defaults is a paired compariso
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -42,7 +43,7 @@ from autotune.runtime.gpu import default_backend, list_gpus
 from autotune.search.coordination import Coordinator
 from autotune.search.job import TuneJob
 from autotune.search.progress import Progress
-from autotune.search.record import trial_record
+from autotune.search.record import StageState, trial_record
 from autotune.search.runner import STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun
 from autotune.search.stages import (
     SCENARIOS,
@@ -52,8 +53,10 @@ from autotune.search.stages import (
     scenario_of,
     sequential_stages,
     skip_stage,
+    slo_first_stored,
     snap_to_space,
 )
+from autotune.search.stopping import stall_reason
 from autotune.search.storage import superseded
 from autotune.search.weightcache import WeightCache
 
@@ -202,6 +205,7 @@ class _Task:
     match: Callable[[FrozenTrial], bool]
     quota: int
     start: Callable[[bool], Any]  # runs one trial; the flag says it is the first of its kind
+    stalled: Callable[[], str | None] = lambda: None  # why the task may end below its quota
 
 
 class _Gate:
@@ -286,6 +290,7 @@ class _Worker:
                 lambda t: trial_record(t).stage == STAGE_SEARCH,
                 study.trials,
                 lambda first: run.run(STAGE_SEARCH, sample=self.job.space),
+                lambda: self._search_stall(STAGE_SEARCH, study.trials),
             )
             self._fill([search])
         self._validate()
@@ -299,20 +304,45 @@ class _Worker:
         scenario = scenario_of(self.job.workload)
         # Only the worker that ran the sequential stages seeds the search, so two workers never
         # both run the articles' starting point.
-        opening = snap_to_space(rest, SCENARIOS[scenario]) if self.coord.led else None
+        opening, why = self._opening(rest, scenario) if self.coord.led else (None, "")
         follow: dict[int, dict[str, Any] | None] = {}  # thread → hint from its last result
 
         def start(first: bool) -> None:
             me = threading.get_ident()
             hint = opening if first and opening is not None else follow.get(me)
             if first and opening is not None:
-                run.progress.message(
-                    f"scenario search ({scenario} workload): first trial from the articles' {hint or 'defaults'}"
-                )
+                run.progress.message(f"scenario search ({scenario} workload): first trial from {why}")
             result = run.run("scenario", explicit=fixed, sample=rest, hint=hint)
             follow[me] = conservativeness_next(run, rest, result.facts, result.flags)
 
-        self._fill([_Task("scenario", lambda t: trial_record(t).stage == "scenario", quota, start)])
+        stall = functools.partial(self._search_stall, "scenario", quota)
+        self._fill([_Task("scenario", lambda t: trial_record(t).stage == "scenario", quota, start, stall)])
+
+    def _search_stall(self, stage: str, quota: int) -> str | None:
+        """Why the search stage may end before ``quota`` (said and recorded once), or None."""
+        directions = self.run.study.directions
+        if not self.job.study.stop_when_done or len(directions) > 1:  # a Pareto front has no one best
+            return None
+        state = self.run.stage_state(stage)
+        if state is not None and state.stalled:
+            return state.stalled
+        noise = self.run.noise_margin()
+        why = stall_reason(self.run.finished(stage), directions[0], quota, noise)
+        if why is not None:
+            self.progress.message(why)
+            self.run.set_stage_state(stage, StageState(done=True, noise=noise, stalled=why))
+        return why
+
+    def _opening(self, rest: SearchSpace, scenario: str) -> tuple[dict[str, Any], str]:
+        """The scenario's first trial: the articles' starting point, with the SLO-first move on
+        top when the baseline broke the SLO (its symptoms outrank a generic recommendation)."""
+        articles = snap_to_space(rest, SCENARIOS[scenario])
+        move, reason = slo_first_stored(self.run)
+        moved = snap_to_space(rest, move)
+        why = f"the articles' {articles or 'defaults'}"
+        if moved:
+            why += f" with the SLO-first move {moved} ({reason})"
+        return {**articles, **moved}, why
 
     def _validate(self) -> None:
         cfg, run = self.job.study, self.run
@@ -343,7 +373,7 @@ class _Worker:
         while not self.stopping.is_set():
             self._on_slots(lambda: self._slot(tasks))
             self._settle(tasks)
-            done = all(self.gate.count(t.match) >= t.quota for t in tasks)
+            done = all(self.gate.count(t.match) >= t.quota or t.stalled() for t in tasks)
             if done or self.run.out_of_time():
                 return
 
@@ -351,7 +381,8 @@ class _Worker:
         run = self.run
         while not self.stopping.is_set() and not run.out_of_time():
             run.retry_failed()
-            reserved = next(((task, have) for task in tasks if (have := self.gate.reserve(task)) is not None), None)
+            live = [task for task in tasks if not task.stalled()]
+            reserved = next(((task, have) for task in live if (have := self.gate.reserve(task)) is not None), None)
             if reserved is None:
                 return
             task, have = reserved

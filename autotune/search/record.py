@@ -151,6 +151,7 @@ class StageState:
     skipped: str | None = None  # why the stage did not run
     fixed: dict[str, Any] | None = None
     noise: float | None = None  # the run-to-run spread the stage's decision allowed for
+    stalled: str | None = None  # why a search stage ended before its trial budget
     # -- the memory edge
     edge: float | None = None
     results: dict[str, str] | None = None  # fraction → verdict of each probe

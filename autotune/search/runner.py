@@ -234,7 +234,7 @@ class StudyRun:
                     # Real engines only: the simulator's runs are deterministic and its clock compressed.
                     stable_within=None if self.job.engine.simulated or probe else STABLE_WITHIN,
                     judge_client=not probe,
-                    early_stop=early_stop_policy(self.job.study, stage, probe, self._incumbent, self._noise_margin),
+                    early_stop=early_stop_policy(self.job.study, stage, probe, self._incumbent, self.noise_margin),
                 )
                 result = run_trial(spec, self.adapter, workload, self.progress)
         except BaseException:
@@ -332,7 +332,7 @@ class StudyRun:
         best = best_trial(self.study)
         return None if best is None else primary_value(best)
 
-    def _noise_margin(self) -> float:
+    def noise_margin(self) -> float:
         """The run-to-run noise a search trial is judged with against the incumbent: the largest
         relative spread the study measured on its objective (trials run several times, finalists'
         validation), never below the early stop's floor."""

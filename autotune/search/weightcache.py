@@ -74,6 +74,9 @@ class WeightCache:
         if why_not:
             self._say(f"weight cache {self.mode}: off — {why_not}")
             return {}, {}
+        if conflict := self.adapter.weight_cache_conflict(flags):
+            self._say(f"trials that load their weights themselves: {conflict}")
+            return {}, {}
         if self._daemon is None:
             self._start(flags)
             return self.client(flags, version)

@@ -779,3 +779,43 @@ def test_memory_budget_of_an_old_release_without_the_baseline_line() -> None:
 def test_memory_budget_lines(line: str, data: dict[str, object]) -> None:
     event = make_adapter(NEW).parse_log_line(line)
     assert event is not None and event.kind == EventKind.KV_CAPACITY and event.data == data
+
+
+# ------------------------------------------------------------------ the weight-cache daemon
+def test_the_weight_cache_daemon_needs_0_5_23_and_a_command_that_names_sglang(tmp_path: Path) -> None:
+    assert "0.5.23" in (make_adapter(NEW).weight_cache_unsupported("0.5.20") or "")
+    assert "not known" in (make_adapter(NEW).weight_cache_unsupported(None) or "")
+    assert "no weight-cache daemon module" in (make_adapter(NEW).weight_cache_unsupported("0.5.23") or "")
+    plain = SglangAdapter(EngineSettings(kind="sglang", model="m", python="/opt/sglang/bin/python"))
+    assert plain.weight_cache_unsupported("0.5.23") is None
+
+
+def test_one_standalone_daemon_per_engine_ready_when_every_gpu_marked_itself(tmp_path: Path) -> None:
+    adapter = SglangAdapter(EngineSettings(kind="sglang", model="m", python="/opt/sglang/bin/python"))
+    flags = {"--tp-size": 2, "--max-running-requests": 64, "--mem-fraction-static": 0.85}
+    daemon = adapter.weight_daemon(flags, tmp_path, 0)
+    assert daemon.argv == [
+        "/opt/sglang/bin/python",
+        "-m",
+        "sglang.srt.weight_cache.daemon",
+        "--model-path",
+        "m",
+        "--tp-size",
+        "2",
+    ]
+    assert daemon.client_flags == {"--weight-cache-mode": "client"} and daemon.ready_url is None
+    socket = daemon.client_env["SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE"]
+    assert (
+        socket == str(tmp_path / "{device_uuid}.sock") and daemon.env["SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE"] == socket
+    )
+    assert daemon.ready_check is not None and not daemon.ready_check()
+    (tmp_path / "GPU-0.ready").write_text("pid=1\n")
+    assert not daemon.ready_check()  # one of the two ranks
+    (tmp_path / "GPU-1.ready").write_text("pid=1\n")
+    assert daemon.ready_check()
+    # Seqs and the fraction are not in the key: one daemon serves both trials.
+    other = adapter.weight_daemon({"--tp-size": 2, "--max-running-requests": 8}, tmp_path, 0)
+    assert other.key == daemon.key
+    assert adapter.weight_daemon({"--tp-size": 4}, tmp_path, 0).key != daemon.key
+    assert "draft model" in (adapter.weight_cache_conflict({"--speculative-algorithm": "EAGLE"}) or "")
+    assert adapter.weight_cache_conflict(flags) is None
