@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.outcomes import Outcome
 from autotune.report.status import stopped_line
 from autotune.search.record import trial_record
 from autotune.search.stopping import MIN_TRIALS, patience_for, stall_reason
@@ -101,3 +104,32 @@ def test_a_flat_simulated_search_ends_early_and_says_why(tmp_path: Path) -> None
     assert MIN_TRIALS <= len(searched) < 30, len(searched)
     line = stopped_line(st)
     assert line is not None and line.startswith("search ended early: no search trial in the last 10"), line
+
+
+def _benchmark() -> Any:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "stop_when_done.py"
+    spec = importlib.util.spec_from_file_location("stop_when_done", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["stop_when_done"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_applies_the_rule_to_the_search_stage_only() -> None:
+    bench = _benchmark()
+    se = sys.modules["search_efficiency"]
+
+    def run(stage: str, value: float, true: float) -> Any:
+        result = se.Result(Outcome.OK, value, 10.0, true_outcome=Outcome.OK, true_value=true)
+        return se.Trial(stage, {}, result)
+
+    flat = [run("baseline", 50.0, 50.0), *(run("tpe", 100.0, 100.0) for _ in range(20))]
+    assert bench.stop_point(flat, "tpe", 0.05) == 1 + MIN_TRIALS  # the 12th search trial ends it
+    rising = [run("baseline", 50.0, 50.0), *(run("tpe", 100.0 * 1.1**i, 100.0 * 1.1**i) for i in range(20))]
+    assert bench.stop_point(rising, "tpe", 0.05) is None
+    # The optimum 200 is reached only at the last trial: stopping at 13 of 21 lost it.
+    late = [*flat[:-1], run("tpe", 200.0, 200.0)]
+    stop = bench.apply_rule(late, "tpe", optimum=200.0, noise=0.05)
+    assert stop.at == 13 and stop.lost_target and stop.pick_kept == 0.5
+    assert abs(stop.saved_share - 8 / 21) < 1e-9
