@@ -790,8 +790,12 @@ def test_the_weight_cache_daemon_needs_0_5_23_and_a_command_that_names_sglang(tm
     assert plain.weight_cache_unsupported("0.5.23") is None
 
 
-def test_one_standalone_daemon_per_engine_ready_when_every_gpu_marked_itself(tmp_path: Path) -> None:
+def test_one_standalone_daemon_per_engine_ready_when_every_gpu_marked_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     adapter = SglangAdapter(EngineSettings(kind="sglang", model="m", python="/opt/sglang/bin/python"))
+    known = make_adapter(NEW).discover_flags()  # 0.5.23's --help, without an installed SGLang
+    monkeypatch.setattr(adapter, "discover_flags", lambda *args, **kwargs: known)
     flags = {"--tp-size": 2, "--max-running-requests": 64, "--mem-fraction-static": 0.85}
     daemon = adapter.weight_daemon(flags, tmp_path, 0)
     assert daemon.argv == [
