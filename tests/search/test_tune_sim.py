@@ -228,6 +228,8 @@ def test_kill_9_mid_trial_then_resume(tmp_path: Path) -> None:
     deadline = time.monotonic() + 400  # generous: the machine may be busy
     while time.monotonic() < deadline and first.poll() is None:  # wait until the second trial's engine is up
         time.sleep(0.5)
+        if not (tmp_path / "k" / "manifest.json").exists():
+            continue  # the tuner writes it once the study exists: opening the database earlier races its creation
         try:
             trials = optuna.load_study(study_name="k", storage=storage).trials
         except (KeyError, Exception):

@@ -183,6 +183,8 @@ def _start_until_the_daemon_serves(tmp_path: Path, cmd: list[str]) -> subprocess
     deadline = time.monotonic() + 400  # generous: the machine may be busy
     while time.monotonic() < deadline and tuner.poll() is None:
         time.sleep(0.5)
+        if not (tmp_path / "k" / "manifest.json").exists():
+            continue  # the tuner writes it once the study exists: opening the database earlier races its creation
         try:
             study = optuna.load_study(study_name="k", storage=storage)
         except Exception:  # not created yet
