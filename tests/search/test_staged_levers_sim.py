@@ -93,8 +93,12 @@ def test_the_slo_move_is_recorded_and_applied_from_the_context_run_on(staged_stu
     baseline = _served(staged_study, "baseline")
     assert baseline.outcome == "slo_violation" and "p95_tpot_ms" in baseline.violations
     state = stage_state(staged_study, "slo_first")
-    assert state is not None and state.fixed == {"max_running": 32}  # half the 64 the defaults ran
+    # Fewer sequences than the 64 the defaults ran: about half the running peak sampled from the
+    # engine's gauges, which lands on 32 or (when the sampling caught a lower peak) 16.
+    assert state is not None and state.fixed is not None and set(state.fixed) == {"max_running"}
+    moved = state.fixed["max_running"]
+    assert moved in (16, 32), state.fixed
     assert "TPOT over its bound" in (state.note or "")
-    assert all(r.params["max_running"] == 32 for r in _by_stage(staged_study, "context"))
+    assert all(r.params["max_running"] == moved for r in _by_stage(staged_study, "context"))
     scenario = _by_stage(staged_study, "scenario")
-    assert scenario and scenario[0].params is not None and scenario[0].params["max_running"] == 32
+    assert scenario and scenario[0].params is not None and scenario[0].params["max_running"] == moved
