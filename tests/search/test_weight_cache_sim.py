@@ -88,15 +88,20 @@ def _gone_within(tmp_path: Path, seconds: float) -> bool:
     return not _daemons(tmp_path)
 
 
-def test_one_daemon_serves_every_trial_after_the_first_and_is_gone_at_the_end(tmp_path: Path) -> None:
-    job = _job(tmp_path)
+def _mapped_study(job: TuneJob) -> tuple[optuna.Study, list[Any]]:
+    """Run ``job``; its first trial tells the engine's version and loads from disk, every later
+    one maps its weights from the daemon, zero-copy. Returns the study and its trial records."""
     run_study(job)
     study = load_study("w", job.storage_url)
     records = [trial_record(t) for t in study.trials]
     sources = [r.facts.get("startup", {}).get("weights_from") for r in records]
-    # The first trial tells the version (0.34): it loads from disk; every later one maps.
     assert sources[0] == "disk" and len(sources) >= 4, sources
     assert all(s == "daemon:zero_copy" for s in sources[1:]), sources
+    return study, records
+
+
+def test_one_daemon_serves_every_trial_after_the_first_and_is_gone_at_the_end(tmp_path: Path) -> None:
+    study, records = _mapped_study(_job(tmp_path))  # the first trial's log says 0.34
     mapped = records[1].facts["startup"]
     assert mapped["weights_s"] < records[0].facts["startup"]["weights_s"] / 5, (mapped, records[0].facts)
     # Zero-copy: the daemon's weights count inside the engine's budget, so the pool is unchanged.
@@ -111,14 +116,8 @@ def test_one_daemon_serves_every_trial_after_the_first_and_is_gone_at_the_end(tm
 
 
 def test_sglang_maps_its_weights_from_a_standalone_daemon_in_a_private_folder(tmp_path: Path) -> None:
-    job = _job(tmp_path, "0.5.23", "sglang")
-    run_study(job)
-    study = load_study("w", job.storage_url)
-    records = [trial_record(t) for t in study.trials]
-    sources = [r.facts.get("startup", {}).get("weights_from") for r in records]
-    # SGLang reports its version over HTTP once the first trial serves; every later trial maps.
-    assert sources[0] == "disk" and len(sources) >= 4, sources
-    assert all(s == "daemon:zero_copy" for s in sources[1:]), sources
+    # SGLang reports its version over HTTP once the first trial serves.
+    study, records = _mapped_study(_job(tmp_path, "0.5.23", "sglang"))
     # Client mode adds the daemon's weights back onto the baseline: the pool is a cold start's.
     same_flags = [r for r in records[1:] if r.flags == records[0].flags]
     assert same_flags and all(r.facts["kv_tokens"] == records[0].facts["kv_tokens"] for r in same_flags)
