@@ -1,7 +1,7 @@
 """Search efficiency on the simulator: engine-seconds and trials to reach 97 % of the exhaustive optimum.
 
 Run: ``python benchmarks/search_efficiency.py [--seeds 10] [--budget 40] [--cases NAME ...]
-[--methods staged tpe ...] [--noise 0.02] [--json out.json]``.
+[--methods staged tpe ...] [--noise 0.02] [--fresh-study] [--json out.json]``.
 
 Every trial is evaluated in-process with the simulator's own pieces: the engine's flag resolution
 (``vllm_args.resolve`` / ``sglang_args.resolve``), its start-up memory plan (``plan_vllm`` /
@@ -18,6 +18,12 @@ failure; a run that dies of an OOM costs the time up to the step that ran out of
 drawn per run: methods decide on what they measured. A trial reaches the target when its
 configuration's noise-free value is ≥ 97 % of the noise-free optimum of the same surface, and it
 is feasible (served, SLOs met) without noise too, so a lucky draw never counts as a find.
+
+**One study per method, as in the product.** Every run a method decides itself (the baseline,
+stage runs, memory probes with their peak-shape throughput) is told to its sampler's study with
+the values it set inside the space, as ``autotune tune`` records every trial in one study: the
+sampler starts with what the stages measured. ``--fresh-study`` starts each sampler's study
+empty instead (the benchmark before it mirrored the product).
 
 Methods, each with the same trial budget (every run counts, probes included):
 
@@ -61,7 +67,7 @@ from autotune.config import (
 )
 from autotune.outcomes import Outcome
 from autotune.search.objective import score
-from autotune.search.space import suggest
+from autotune.search.space import distribution, fits, suggest, suggest_param
 from autotune.search.stages import (
     GRAPH,
     MEMORY,
@@ -726,6 +732,11 @@ class Ledger:
     budget: int
     rng: random.Random
     trials: list[Trial] = field(default_factory=list)
+    #: Tell every run the method decided itself (baseline, stage runs, probes) to its sampler's
+    #: study, as the product's one study records it. False (``--fresh-study``): the sampler's
+    #: study starts empty, as the benchmark ran before it mirrored the product.
+    told: bool = True
+    study: optuna.Study | None = None  # the study runs are told to (set by ``_study``)
 
     @property
     def full(self) -> bool:
@@ -735,10 +746,12 @@ class Ledger:
     def space(self) -> SearchSpace:
         return self.obj.case.space
 
-    def run(self, stage: str, params: Params, workload: Workload | None = None) -> Result:
+    def run(self, stage: str, params: Params, workload: Workload | None = None, *, sampled: bool = False) -> Result:
         flags = {"context_len": self.obj.case.context_len, **params} if stage != "baseline" else params
         result = self.obj(flags, workload, self.rng)
         self.trials.append(Trial(stage, params, result if workload is None else _probe_only(result)))
+        if self.study is not None and not sampled:
+            _record(self, params, result, workload or self.obj.case.workload)
         return result
 
 
@@ -756,17 +769,55 @@ def _tell(ledger: Ledger, study: optuna.Study, trial: optuna.Trial, result: Resu
     study.tell(trial, s.value)
 
 
-def _ask_tell(ledger: Ledger, study: optuna.Study, space: SearchSpace, fixed: Params, stage: str) -> Result:
-    """One Optuna trial: sample ``space``, run with ``fixed``, tell value and constraints."""
+def _in_space(ledger: Ledger, params: Params) -> Params:
+    """The values a run set inside the search space: what the product records as its params."""
+    space = ledger.space.params
+    return {k: v for k, v in params.items() if k in space and fits(distribution(space[k]), v)}
+
+
+def _record(ledger: Ledger, params: Params, result: Result, workload: Workload) -> None:
+    """runner.StudyRun: a run with explicit values is a trial of the study, told like any other
+    (a probe with its peak-shape throughput). A retryable failure is left out: the product tells
+    it as FAIL, which TPE does not learn from."""
+    assert ledger.study is not None
+    if result.outcome.retryable:
+        return
+    recorded = _in_space(ledger, params)
+    s = score(result.outcome, result.metrics if result.outcome.served else {}, workload)
+    ledger.study.add_trial(
+        optuna.trial.create_trial(
+            params=recorded,
+            distributions={k: distribution(ledger.space.params[k]) for k in recorded},
+            values=s.values[:1],
+            system_attrs={"constraints": list(s.constraints.values())},
+        )
+    )
+
+
+def _ask_tell(
+    ledger: Ledger, study: optuna.Study, space: SearchSpace, fixed: Params, stage: str, hint: Params | None = None
+) -> Result:
+    """One Optuna trial: sample ``space`` (``hint``: values to try first), run with ``fixed``,
+    tell value and constraints. In a told study the fixed values inside the space are recorded
+    too, as the product's runner enqueues them."""
+    recorded = _in_space(ledger, fixed) if ledger.study is not None else {}
+    if hint or recorded:
+        study.enqueue_trial({**(hint or {}), **recorded}, skip_if_exists=False)
     trial = study.ask()
+    for name in recorded:
+        suggest_param(trial, name, ledger.space.params[name])
     params = {**fixed, **suggest(trial, space)}
-    result = ledger.run(stage, params)
+    result = ledger.run(stage, params, sampled=True)
     _tell(ledger, study, trial, result)
     return result
 
 
-def _study(sampler: optuna.samplers.BaseSampler) -> optuna.Study:
-    return optuna.create_study(direction="maximize", sampler=sampler)
+def _study(ledger: Ledger, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    """A new study for the method's sampler; when the ledger tells, every later run goes into it."""
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    if ledger.told:
+        ledger.study = study
+    return study
 
 
 def _product_sampler(method: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
@@ -775,8 +826,8 @@ def _product_sampler(method: str, seed: int, budget: int) -> optuna.samplers.Bas
 
 def plain_search(ledger: Ledger, sampler: optuna.samplers.BaseSampler, stage: str) -> None:
     """The product's non-staged method: the defaults first (the baseline), then the sampler."""
+    study = _study(ledger, sampler)
     ledger.run("baseline", {})
-    study = _study(sampler)
     while not ledger.full:
         _ask_tell(ledger, study, ledger.space, {}, stage)
 
@@ -816,6 +867,7 @@ def staged(ledger: Ledger, seed: int, levers: frozenset[str] = ALL_LEVERS) -> No
     """The product's stage decisions, each run counted as a trial (validation is skipped: reach is
     judged on noise-free values, so re-runs would add cost and no find)."""
     budget = plan_budget(ledger.budget, ledger.space)
+    study = _study(ledger, _product_sampler("tpe", seed, ledger.budget))
     baseline = ledger.run("baseline", {})
     move = _slo_move(ledger, baseline) if "slo" in levers else {}
     context = ledger.run("context", move)
@@ -829,12 +881,13 @@ def staged(ledger: Ledger, seed: int, levers: frozenset[str] = ALL_LEVERS) -> No
         fixed[MEMORY] = edge
     fixed.update(_graph_walk(ledger, fixed, move))
     rest = SearchSpace(params={k: v for k, v in ledger.space.params.items() if k not in fixed})
-    study = _study(_product_sampler("tpe", seed, ledger.budget))
-    hint = {**snap_to_space(rest, SCENARIOS[scenario_of(ledger.obj.case.workload)]), **snap_to_space(rest, move)}
-    if hint:
-        study.enqueue_trial(hint)
+    hint: Params | None = {
+        **snap_to_space(rest, SCENARIOS[scenario_of(ledger.obj.case.workload)]),
+        **snap_to_space(rest, move),
+    }
     while not ledger.full:
-        _ask_tell(ledger, study, rest, fixed, "scenario")
+        _ask_tell(ledger, study, rest, fixed, "scenario", hint)
+        hint = None
 
 
 def _slo_move(ledger: Ledger, run: Result) -> Params:
@@ -909,8 +962,8 @@ METHODS: dict[str, Callable[[Ledger, int], None]] = {
 }
 
 
-def run_method(obj: SimObjective, method: str, seed: int, budget: int) -> list[Trial]:
-    ledger = Ledger(obj, budget, random.Random(f"{obj.case.name}/{method}/{seed}"))
+def run_method(obj: SimObjective, method: str, seed: int, budget: int, *, told: bool = True) -> list[Trial]:
+    ledger = Ledger(obj, budget, random.Random(f"{obj.case.name}/{method}/{seed}"), told=told)
     METHODS[method](ledger, seed)
     return ledger.trials[:budget]
 
@@ -991,7 +1044,14 @@ class CaseReport:
 
 
 def evaluate_case(
-    case: Case, seeds: int, budget: int, methods: list[str], noise: float, log: Callable[[str], None]
+    case: Case,
+    seeds: int,
+    budget: int,
+    methods: list[str],
+    noise: float,
+    log: Callable[[str], None],
+    *,
+    told: bool = True,
 ) -> CaseReport:
     started = time.monotonic()
     obj = SimObjective(case, noise)
@@ -1000,7 +1060,7 @@ def evaluate_case(
     log(f"  {case.name}: optimum {optimum:,.0f} tok/s at {arg} ({time.monotonic() - started:.0f} s)")
     out: dict[str, dict[str, Any]] = {}
     for method in methods:
-        reaches = [reach(run_method(obj, method, seed, budget), optimum) for seed in range(seeds)]
+        reaches = [reach(run_method(obj, method, seed, budget, told=told), optimum) for seed in range(seeds)]
         out[method] = summarise(reaches, budget)
         log(f"    {method}: {out[method]['reached']}/{seeds} reached ({time.monotonic() - started:.0f} s)")
     share = (default.true_value or 0.0) / optimum if default.truly_feasible else 0.0
@@ -1034,6 +1094,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--noise", type=float, default=0.02, help="relative sd of a run's throughput")
     ap.add_argument("--json", help="write the results here as JSON")
+    ap.add_argument(
+        "--fresh-study",
+        action="store_true",
+        help="start each sampler's study empty instead of telling it the method's own runs (as the product does)",
+    )
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     started = time.monotonic()
@@ -1043,7 +1108,9 @@ def main(argv: list[str] | None = None) -> int:
 
     reports = []
     for case in (c for c in CASES if c.name in args.cases):
-        reports.append(evaluate_case(case, args.seeds, args.budget, args.methods, args.noise, log))
+        reports.append(
+            evaluate_case(case, args.seeds, args.budget, args.methods, args.noise, log, told=not args.fresh_study)
+        )
     print(table(reports))
     print("\nExhaustive optima (noise-free output tok/s):")
     for rep in reports:

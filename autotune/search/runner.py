@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.bench.earlystop import CANNOT_WIN, NOISE_MARGIN
@@ -50,7 +49,7 @@ from autotune.search.record import (
     validation,
     write_trial,
 )
-from autotune.search.space import distribution, suggest, suggest_param
+from autotune.search.space import distribution, fits, suggest, suggest_param
 from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded
 from autotune.search.trial import TrialResult, TrialSpec, early_stop_policy, run_trial
 from autotune.search.verdict import paired_gains, paired_verdict
@@ -92,13 +91,6 @@ def _deterministic_failure(t: FrozenTrial) -> tuple[str, str] | None:
     if not cause or facts.get("transient", True) or "failed_at" not in facts or cause["kind"] not in UNTUNED_KINDS:
         return None
     return str(cause["signature"]), str(facts["failed_at"])
-
-
-def _fits(dist: BaseDistribution, value: Any) -> bool:
-    try:
-        return bool(dist._contains(dist.to_internal_repr(value)))
-    except (ValueError, TypeError):
-        return False
 
 
 class StudyRun:
@@ -173,7 +165,7 @@ class StudyRun:
         ``hint`` gives values to try for some sampled params (a warm start)."""
         explicit = dict(explicit or {})
         space = self.job.space.params
-        recorded = {k: v for k, v in explicit.items() if k in space and _fits(distribution(space[k]), v)}
+        recorded = {k: v for k, v in explicit.items() if k in space and fits(distribution(space[k]), v)}
         hinted = {k: v for k, v in (hint or {}).items() if sample and k in sample.params}
         with self._ask_lock:
             if recorded or hinted:

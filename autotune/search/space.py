@@ -14,7 +14,7 @@ from optuna.distributions import (
 
 from autotune.config import BoolParam, CategoricalParam, FloatParam, IntParam, Param, SearchSpace
 
-__all__ = ["active", "distribution", "suggest", "suggest_param"]
+__all__ = ["active", "distribution", "fits", "suggest", "suggest_param"]
 
 
 def active(param: Param, chosen: dict[str, Any]) -> bool:
@@ -31,6 +31,14 @@ def distribution(param: Param) -> BaseDistribution:
     if isinstance(param, CategoricalParam):
         return CategoricalDistribution(param.choices)
     return CategoricalDistribution([False, True])
+
+
+def fits(dist: BaseDistribution, value: Any) -> bool:
+    """Whether ``value`` lies inside ``dist`` (Optuna would record it as that parameter)."""
+    try:
+        return bool(dist._contains(dist.to_internal_repr(value)))
+    except (ValueError, TypeError):
+        return False
 
 
 def suggest_param(trial: optuna.Trial, name: str, param: Param) -> Any:

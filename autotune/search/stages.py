@@ -165,12 +165,17 @@ def memory_verdict(outcome: str, facts: Mapping[str, Any]) -> str:
 
 def peak_workload(workload: Workload, concurrency: int) -> Workload:
     """The workload's peak shape: every slot busy with the longest request, all at once, so the
-    KV pool, the largest prefill batch and the activation peak are all exercised."""
+    KV pool, the largest prefill batch and the activation peak are all exercised.
+
+    One request per slot is enough. Requests of one length that start together also end
+    together, so a second round would repeat the first step for step; and when the engine holds
+    fewer at once than ``concurrency``, the ones it queues already join as others finish, mixing
+    prefill with decode within this one round."""
     return workload.model_copy(
         update={
             "name": f"{workload.name}-peak",
             "dataset": workload.peak_dataset(),
-            "num_prompts": 2 * concurrency,
+            "num_prompts": concurrency,
             "warmup_requests": 0,
             "arrival": workload.arrival.model_copy(update={"concurrency": concurrency, "request_rate": math.inf}),
             "slos": {},

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import socket
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -117,12 +118,19 @@ def make_sampler(cfg: StudySettings) -> optuna.samplers.BaseSampler:
     if cfg.sampler == "nsga2":
         # Multi-objective search by evolution: needs generations, so it suits long runs.
         return optuna.samplers.NSGAIISampler(seed=cfg.seed, population_size=max(4, min(20, cfg.trials // 3)))
-    return optuna.samplers.TPESampler(
-        seed=cfg.seed,
-        multivariate=True,
-        constant_liar=True,
-        n_startup_trials=min(10, max(3, cfg.trials // 3)),
-    )
+    # group: the study also holds runs with only some of the space's values (the baseline has
+    # none, memory probes only the fraction); without it TPE's joint model would see no common
+    # space and fall back to one knob at a time. Optuna marks it experimental: a user needs no
+    # warning about the tuner's own choice.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=cfg.seed,
+            multivariate=True,
+            group=True,
+            constant_liar=True,
+            n_startup_trials=min(10, max(3, cfg.trials // 3)),
+        )
 
 
 def _resume(study: optuna.Study, job: TuneJob, progress: Progress) -> None:

@@ -67,7 +67,7 @@ def test_peak_workload_is_longest_requests_all_at_once() -> None:
     assert (peak.dataset.input_dist.low, peak.dataset.input_dist.high) == (1500, 1500)
     assert (peak.dataset.output_dist.low, peak.dataset.output_dist.high) == (300, 300)
     assert peak.arrival.concurrency == 128 and math.isinf(peak.arrival.request_rate)
-    assert peak.num_prompts == 256 and not peak.slos
+    assert peak.num_prompts == 128 and not peak.slos
 
 
 def test_peak_of_a_multi_turn_workload_carries_the_whole_history() -> None:

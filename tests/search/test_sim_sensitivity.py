@@ -3,32 +3,24 @@ back, a winner and a verdict read from the rows, saved rows printed again. No ti
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from benchmark_loader import load_benchmark
 
 from autotune_sim import memory
 from autotune_sim.dialects import vllm as vllm_dialect
 from autotune_sim.memory import footprint, step_bytes
 from autotune_sim.presets import find_model
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "sim_sensitivity.py"
-
 
 @pytest.fixture(scope="module")
 def ss() -> Any:
-    spec = importlib.util.spec_from_file_location("sim_sensitivity", _PATH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sim_sensitivity"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("sim_sensitivity")
 
 
 def test_a_patched_constant_reaches_every_module_that_reads_it_and_is_put_back(ss: Any) -> None:

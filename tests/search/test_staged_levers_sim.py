@@ -99,6 +99,13 @@ def test_the_slo_move_is_recorded_and_applied_from_the_context_run_on(staged_stu
     moved = state.fixed["max_running"]
     assert moved in (16, 32), state.fixed
     assert "TPOT over its bound" in (state.note or "")
-    assert all(r.params["max_running"] == moved for r in _by_stage(staged_study, "context"))
+    context = _by_stage(staged_study, "context")
+    if (state.note or "").startswith("the baseline run"):
+        assert all(r.params["max_running"] == moved for r in context)
+    else:
+        # The peak is sampled from the engine's gauges while it runs; on a busy machine the
+        # baseline's samples can miss it, and the move then comes from the context run.
+        assert (state.note or "").startswith("the context run"), state.note
+        assert all("max_running" not in (r.params or {}) for r in context)
     scenario = _by_stage(staged_study, "scenario")
     assert scenario and scenario[0].params is not None and scenario[0].params["max_running"] == moved

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from benchmark_loader import load_benchmark
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
@@ -107,13 +107,7 @@ def test_a_flat_simulated_search_ends_early_and_says_why(tmp_path: Path) -> None
 
 
 def _benchmark() -> Any:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "stop_when_done.py"
-    spec = importlib.util.spec_from_file_location("stop_when_done", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["stop_when_done"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("stop_when_done")
 
 
 def test_the_benchmark_applies_the_rule_to_the_search_stage_only() -> None:
