@@ -12,7 +12,8 @@ and client pinned to separate cores, the load generator and its judge, teardown)
   run to its end (a grid has no incumbent to stop against).
 
 Then the grid's best point and staged's best point each run ``--repeats`` more times on fresh
-engines, which gives the noise: the largest relative spread ((max − min) / median) of either.
+engines. The noise is the larger relative spread ((max − min) / median) of the two picks' runs:
+these repeats plus every search run at the same point.
 Reported: for each study, its trials in order with outcome, output tok/s and engine seconds; the
 trial at which it first held a point within the noise of the grid's best, and the engine time
 spent up to it; the two picks' repeated medians and whether they can be told apart.
@@ -23,6 +24,7 @@ Engine time is each trial's start + benchmark + teardown as the trial runner tim
 Usage::
 
     python benchmarks/real_search.py [--trials 8] [--repeats 2] [--json out.json]
+    python benchmarks/real_search.py --report out.json   # the tables of a saved run
 """
 
 from __future__ import annotations
