@@ -44,6 +44,7 @@ OUTCOME_COLOURS = {
     "startup_timeout": "#bcbd22",
     "crash": "#000000",
     "interrupted": "#aaaaaa",
+    "withdrawn": "#dddddd",
     "unstable": "#ff7f0e",
 }
 WINNER_COLOUR, BASELINE_COLOUR = "#2ca02c", "#7f7f7f"

@@ -32,7 +32,7 @@ from autotune.search.record import (
     validation,
     verdict,
 )
-from autotune.search.storage import best_trial, pareto_front
+from autotune.search.storage import best_trial, pareto_front, superseded
 from autotune.search.studies import existing_study
 
 __all__ = [
@@ -76,7 +76,9 @@ def budget_line(job: TuneJob, study: optuna.Study, elapsed: float) -> str | None
     budget = job.study.time_budget_s
     if budget is None or elapsed < budget:
         return None
-    finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    trials = study.get_trials(deepcopy=False)
+    replaced = superseded(trials)  # a retried or withdrawn trial is not one of those asked for
+    finished = [t for t in trials if t.state.is_finished() and t.number not in replaced]
     tuning = sum(1 for r in trial_records(finished) if r.stage not in TUNING_EXCLUDED)
     planned = job.study.finalists * job.study.validation_runs if job.study.method != "memory" else 0
     reruns = sum(max(0, len(v.get("values", [])) - 1) for v in validation(study).values())

@@ -26,6 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.report.table import trials_frame
 from autotune.search.objective import is_feasible
 from autotune.search.record import (
+    WITHDRAWN,
     TrialRecord,
     stage_states,
     stopped,
@@ -409,7 +410,7 @@ def _failures(trials: Sequence[FrozenTrial]) -> list[TrialNote]:
     return [
         TrialNote(t.number, r.stage, _outcome(t), dict(r.flags), explain(t), r.log_path or "")
         for t, r in zip(trials, trial_records(trials), strict=True)
-        if t.state.is_finished() and _outcome(t) != "ok"
+        if t.state.is_finished() and _outcome(t) not in ("ok", WITHDRAWN)  # withdrawn: it never ran
     ]
 
 

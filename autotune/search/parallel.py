@@ -15,9 +15,10 @@ run one trial at a time on one worker, because each step depends on the one befo
 other workers wait for them. The scenario search (or the plain search) and the validation re-runs
 then use every slot of every worker. A quota is shared: a slot starts another trial only while
 finished + running + about-to-start trials of that kind stay below it, so N slots do not
-overshoot it by N − 1. Before validation every worker waits until no search trial runs anywhere,
-so all workers pick the same finalists. Validation runs round by round (the defaults and every
-finalist once, then again), so each gain over the defaults is a paired comparison.
+overshoot it by N − 1; across workers, the trial asked later withdraws (``_Gate``). Before
+validation every worker waits until no search trial runs anywhere, so all workers pick the same
+finalists. Validation runs round by round (the defaults and every finalist once, then again),
+so each gain over the defaults is a paired comparison.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from autotune.search.coordination import Coordinator
 from autotune.search.job import TuneJob
 from autotune.search.progress import Progress
 from autotune.search.record import StageState, trial_record
-from autotune.search.runner import STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun
+from autotune.search.runner import STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun, Withdrawn
 from autotune.search.stages import (
     SCENARIOS,
     conservativeness_next,
@@ -67,6 +68,8 @@ log = logging.getLogger(__name__)
 #: CPU cores one trial keeps busy without a GPU: the engine and the load generator.
 CORES_PER_CPU_TRIAL = 2
 _POLL_S = 1.0
+#: How long a new trial waits for the start records of trials asked just before it.
+_START_RECORD_WAIT_S = 10.0
 
 
 # ------------------------------------------------------------------------------ group sizes
@@ -210,20 +213,27 @@ class _Task:
 
 class _Gate:
     """Counts a task's trials: finished (not replaced by a retry) + running anywhere + reserved
-    by a slot of this worker whose trial is not in the storage yet."""
+    by a slot of this worker whose trial is not in the storage yet.
+
+    Reservations are this worker's alone: two workers can both see a free place and ask at the
+    same moment. The storage numbers trials in the order they were asked, so :meth:`admitted`
+    lets the first ones run and the later one is withdrawn before its engine starts."""
 
     def __init__(self, run: StudyRun):
         self.run = run
         self._lock = threading.Lock()
-        self._pending: dict[int, str] = {}  # thread id → task key
+        self._pending: dict[int, _Task] = {}  # thread id → the task it reserved a trial of
 
-    def count(self, match: Callable[[FrozenTrial], bool]) -> int:
+    def count(self, match: Callable[[FrozenTrial], bool], below: int | None = None) -> int:
+        """Counted trials of a task (only those numbered below ``below``, when given)."""
         trials = self.run.trials()
         replaced = superseded(trials)
         return sum(
             1
             for t in trials
-            if match(t) and (t.state == TrialState.RUNNING or (t.state.is_finished() and t.number not in replaced))
+            if (below is None or t.number < below)
+            and match(t)
+            and (t.state == TrialState.RUNNING or (t.state.is_finished() and t.number not in replaced))
         )
 
     def running(self, match: Callable[[FrozenTrial], bool]) -> int:
@@ -232,11 +242,32 @@ class _Gate:
     def reserve(self, task: _Task) -> int | None:
         """Reserve a trial of ``task`` for this thread; returns how many there were, or None when full."""
         with self._lock:
-            have = self.count(task.match) + sum(1 for key in self._pending.values() if key == task.key)
+            have = self.count(task.match) + sum(1 for pending in self._pending.values() if pending.key == task.key)
             if have >= task.quota:
                 return None
-            self._pending[threading.get_ident()] = task.key
+            self._pending[threading.get_ident()] = task
             return have
+
+    def admitted(self, number: int) -> bool:
+        """Whether this thread's trial ``number``, its start record stored, is within its task's
+        quota counting only trials asked before it (a thread with no reservation: always)."""
+        with self._lock:
+            task = self._pending.get(threading.get_ident())
+        if task is None:
+            return True
+        self._await_start_records(number)
+        return self.count(task.match, below=number) < task.quota
+
+    def _await_start_records(self, number: int) -> None:
+        """Wait (briefly) until every running trial asked before ``number`` has its start record,
+        so the task it counts toward is known. A worker writes it right after asking; one that
+        died in between has its trial failed by the heartbeat, and is not waited for long."""
+        deadline = time.monotonic() + _START_RECORD_WAIT_S
+        while time.monotonic() < deadline:
+            running = self.run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if all(trial_record(t).started for t in running if t.number < number):
+                return
+            time.sleep(0.05)
 
     def visible(self) -> None:
         """This thread's trial is in the storage now (or never will be)."""
@@ -255,6 +286,7 @@ class _Worker:
         # Several slots: each phase line names its trial, and each trial's resources come from its slot.
         run.progress = self.progress = _ThreadProgress(run.progress, self._trial_visible, label=slots.count > 1)
         run.placement = slots.placement
+        run.admit = self.gate.admitted
         self.stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
@@ -388,6 +420,8 @@ class _Worker:
             task, have = reserved
             try:
                 task.start(have == 0)
+            except Withdrawn:
+                continue  # another worker's trial took the place: look again
             except (UpdateFinishedTrialError, AllocatorClosed):
                 if self.stopping.is_set():
                     return

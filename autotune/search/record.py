@@ -26,6 +26,7 @@ from autotune.errors import StudyError
 __all__ = [
     "INTERRUPTED",
     "RECORD_VERSION",
+    "WITHDRAWN",
     "StageState",
     "TrialRecord",
     "check_record_version",
@@ -54,6 +55,9 @@ __all__ = [
 RECORD_VERSION = 1
 #: The outcome recorded for a trial its tuner stopped (Ctrl-C, or killed: failed on the next start).
 INTERRUPTED = "interrupted"
+#: The outcome recorded for a trial withdrawn before its engine started: other workers' trials,
+#: asked at the same moment, had already filled the quota it was asked for.
+WITHDRAWN = "withdrawn"
 _VERSION_KEY = "record_version"
 
 

@@ -38,6 +38,7 @@ from autotune.search.objective import is_feasible
 from autotune.search.progress import Progress
 from autotune.search.record import (
     INTERRUPTED,
+    WITHDRAWN,
     StageState,
     set_stage_state,
     set_stopped,
@@ -55,7 +56,7 @@ from autotune.search.trial import TrialResult, TrialSpec, early_stop_policy, run
 from autotune.search.verdict import paired_gains, paired_verdict
 from autotune.search.weightcache import WeightCache
 
-__all__ = ["Placement", "StudyRun", "redact_env", "worker_id"]
+__all__ = ["Placement", "StudyRun", "Withdrawn", "redact_env", "worker_id"]
 
 #: Where a trial runs: given its engine flags, a context that holds the resources (a GPU group)
 #: for the trial and yields the environment that confines the engine to them.
@@ -83,6 +84,10 @@ def _anywhere(flags: dict[str, Any]) -> AbstractContextManager[Mapping[str, str]
     return contextlib.nullcontext({})
 
 
+class Withdrawn(Exception):
+    """A trial given back before its engine started: its quota was full (see ``StudyRun.admit``)."""
+
+
 def _deterministic_failure(t: FrozenTrial) -> tuple[str, str] | None:
     """(root-cause signature, where it failed) of a failure the engine's log explained and no tuned
     knob points to, else None."""
@@ -97,8 +102,9 @@ class StudyRun:
     """Trial plumbing shared by every stage.
 
     :meth:`run` may be called from several threads at once (``autotune.search.parallel``): the
-    ask-and-sample step is serialised, ``placement`` gives each trial its own resources, and
-    ``claim_retry`` decides which worker re-runs a failed trial.
+    ask-and-sample step is serialised, ``placement`` gives each trial its own resources,
+    ``admit`` says whether a trial just recorded still fits its quota, and ``claim_retry``
+    decides which worker re-runs a failed trial.
     """
 
     def __init__(self, job: TuneJob, adapter: EngineAdapter, study: optuna.Study, progress: Progress):
@@ -109,6 +115,8 @@ class StudyRun:
         #: the study's weight-cache daemon, while the orchestrator holds one
         self.weights: WeightCache | None = None
         self.claim_retry: Callable[[FrozenTrial], bool] = lambda trial: True
+        #: called with a trial's number once its start record is stored; False withdraws it
+        self.admit: Callable[[int], bool] = lambda number: True
         # An enqueued trial is popped by whichever ask() comes next, and the sampler sees a
         # running trial only once its params are suggested: ask and sample one trial at a time.
         self._ask_lock = threading.Lock()
@@ -193,16 +201,23 @@ class StudyRun:
         whether the engine survives it, so the client's limits do not invalidate it."""
         flags = self.adapter.to_flags({**self.job.engine.fixed_flags, **self.job.space.fixed, **params})
         trial_dir = self.job.dir / "trials" / str(trial.number)
+        # What says which quota a trial counts toward (stage, extra) is stored before params,
+        # which mark the start record complete (TrialRecord.started).
         write_trial(
             trial,
             stage=stage,
+            **extra,
             params=params,
             flags=flags,
             host=socket.gethostname(),
             worker=self.worker,
             trial_dir=str(trial_dir.resolve()),
-            **extra,
         )
+        if not self.admit(trial.number):
+            reason = f"withdrawn before its engine started: trials of other workers had filled the {stage} quota"
+            write_trial(trial, outcome=WITHDRAWN, reason=reason)
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise Withdrawn(reason)
         self.progress.trial_started(trial.number, stage, params)
         try:
             with self.placement(flags) as env:

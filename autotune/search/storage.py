@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StudyError
 from autotune.search.objective import is_feasible
-from autotune.search.record import INTERRUPTED, TrialRecord, trial_records, validation
+from autotune.search.record import INTERRUPTED, WITHDRAWN, TrialRecord, trial_records, validation
 
 __all__ = [
     "best_trial",
@@ -130,8 +130,11 @@ def fail_stale_running(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def superseded(trials: list[FrozenTrial]) -> set[int]:
-    """Numbers of failed trials that a later retry replaced (the retry carries ``retry_of``)."""
-    return {r.retry_of for r in trial_records(trials) if r.retry_of is not None}
+    """Numbers of trials that do not count: failed ones a later retry replaced (the retry carries
+    ``retry_of``), and ones withdrawn before their engine started."""
+    records = trial_records(trials)
+    replaced = {r.retry_of for r in records if r.retry_of is not None}
+    return replaced | {r.number for r in records if r.outcome == WITHDRAWN}
 
 
 def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:

@@ -128,19 +128,28 @@ def test_two_workers_share_one_study(tmp_path: Path, pg_url: str, study_name: st
     assert first.returncode == 0, out
     assert second.returncode == 0, second.stdout + second.stderr
     study = optuna.load_study(study_name=study_name, storage=pg_url)
-    trials = study.get_trials()
+    # Both workers can find the same place free at once: the trial asked later is withdrawn
+    # before its engine starts, and nothing else may fail.
+    every = study.get_trials()
+    withdrawn = [t for t in every if t.user_attrs.get("outcome") == "withdrawn"]
+    assert all(t.state == TrialState.FAIL and "engine_pgid" not in t.user_attrs for t in withdrawn)
+    trials = [t for t in every if t not in withdrawn]
     assert all(t.state == TrialState.COMPLETE for t in trials)
-    assert [len(_counted(trials, s)) for s in ("baseline", "search")] == [1, 6]
+    assert [len(_counted(every, s)) for s in ("baseline", "search")] == [1, 6]
     # Each validated config (the finalist, and the defaults beside it unless it is the defaults) runs twice.
     runs: dict[Any, int] = {}
-    for t in _counted(trials, "validation"):
+    for t in _counted(every, "validation"):
         runs[t.user_attrs["validates"]] = runs.get(t.user_attrs["validates"], 0) + 1
     (finalist,) = [k for k in runs if k != "defaults"]
     assert set(runs.values()) == {2}
     assert ("defaults" in runs) == bool(study.trials[finalist].user_attrs["params"])
     assert len(trials) == 7 + sum(runs.values())
-    searched = [tuple(sorted(t.params.items())) for t in _counted(trials, "search")]
-    assert len(set(searched)) == len(searched), "two workers proposed the same point"
+    # Workers reseed their samplers: started with the same --seed, they would draw the same
+    # random start-up points side by side. (Later, TPE may rightly re-propose a measured point.)
+    firsts = {}
+    for t in _counted(trials, "search"):
+        firsts.setdefault(t.user_attrs["worker"], t.params)
+    assert len(firsts) == 2 and len({tuple(sorted(p.items())) for p in firsts.values()}) == 2, firsts
     workers = {t.user_attrs["worker"] for t in trials}
     assert len(workers) == 2, "one worker did everything"
     assert study.user_attrs[LEASE_KEY]["done"]

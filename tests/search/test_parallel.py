@@ -263,20 +263,23 @@ def test_sigterm_stops_every_slot_and_resume_finishes(
     env = {**os.environ, FAKE_GPUS_ENV: spec}
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     storage = f"sqlite:///{tmp_path / 's' / 'study.db'}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # both slots busy with a search trial
+    deadline, seen = time.monotonic() + 300, "nothing"
+    while time.monotonic() < deadline and first.poll() is None:  # both slots busy with a search trial
         time.sleep(0.5)
         if not (tmp_path / "s" / "manifest.json").exists():
             continue  # the tuner writes it once the study exists: opening the database earlier races its creation
         try:
-            running = optuna.load_study(study_name="s", storage=storage).get_trials(states=(TrialState.RUNNING,))
+            trials = optuna.load_study(study_name="s", storage=storage).get_trials()
         except Exception:
             continue
-        if sum(1 for t in running if "engine_pgid" in t.user_attrs and t.user_attrs["stage"] == "search") == 2:
+        seen = ", ".join(f"{t.number} {t.user_attrs.get('stage')} {t.state.name}" for t in trials)
+        running = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("stage") == "search"]
+        if sum(1 for t in running if "engine_pgid" in t.user_attrs) == 2:
             break
     else:
         first.kill()
-        pytest.fail("two search trials never ran at once")
+        _, err = first.communicate()
+        pytest.fail(f"two search trials never ran at once (exit {first.returncode}; trials: {seen}): {err[-2000:]}")
     first.send_signal(signal.SIGTERM)
     _, err = first.communicate(timeout=60)
     assert first.returncode == 130, err

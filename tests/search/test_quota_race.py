@@ -1,0 +1,134 @@
+"""Two workers that find the same free place in a quota at the same moment: the storage's trial
+numbers decide, and the later trial is withdrawn before any engine starts (no stage overshoots)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.engines import get_adapter
+from autotune.search.parallel import _Gate, _Task
+from autotune.search.progress import NullProgress
+from autotune.search.record import WITHDRAWN, trial_record, write_trial
+from autotune.search.runner import STAGE_VALIDATION, StudyRun, Withdrawn
+from autotune.search.storage import open_study, superseded
+from autotune.search.tune import TuneJob, make_sampler
+
+SPACE = {"params": {"max_running": {"type": "int", "low": 8, "high": 256, "log": True}}}
+WORKLOAD = {"name": "w", "dataset": {"input_len": 64, "output_len": 8}, "num_prompts": 8}
+
+
+def _worker(tmp_path: Path) -> StudyRun:
+    """One worker's trial plumbing on the shared study, with its own gate as the parallel
+    orchestrator wires it. Its engine command fails at once: no test here may reach a launch."""
+    engine = parse_model(
+        EngineSettings,
+        {"kind": "vllm", "model": "m", "command": [sys.executable, "-c", "raise SystemExit(3)"], "simulated": True},
+        "engine",
+    )
+    job = TuneJob(
+        engine=engine,
+        space=parse_model(SearchSpace, SPACE, "space"),
+        workload=parse_model(Workload, WORKLOAD, "workload"),
+        study=parse_model(StudySettings, {"name": "q", "results_dir": tmp_path, "retries": 2}, "study"),
+    )
+    directions = job.workload.objective.directions
+    study = open_study("q", job.storage_url, directions=directions, sampler=make_sampler(job.study))
+    run = StudyRun(job, get_adapter(job.engine), study, NullProgress())
+    run.admit = _Gate(run).admitted
+    return run
+
+
+def _validation_task(run: StudyRun, quota: int = 1) -> _Task:
+    def start(first: bool) -> None:
+        run.run(STAGE_VALIDATION, explicit={"max_running": 64}, extra={"validates": 3})
+
+    return _Task(
+        "validation:3",
+        lambda t: trial_record(t).stage == STAGE_VALIDATION and trial_record(t).validates == 3,
+        quota,
+        start,
+    )
+
+
+def _other_workers_trial(study: optuna.Study, *, record: bool = True) -> optuna.Trial:
+    trial = study.ask()
+    if record:
+        write_trial(trial, stage=STAGE_VALIDATION, validates=3, params={"max_running": 64})
+    return trial
+
+
+def _gate(run: StudyRun) -> _Gate:
+    gate = run.admit.__self__  # type: ignore[attr-defined]
+    assert isinstance(gate, _Gate)
+    return gate
+
+
+def test_the_later_of_two_trials_for_one_place_is_withdrawn_before_launch(tmp_path: Path) -> None:
+    run = _worker(tmp_path)
+    gate, task = _gate(run), _validation_task(run)
+    assert gate.reserve(task) == 0  # the place looked free to this worker...
+    _other_workers_trial(run.study)  # ...and another worker asked for it first
+    with pytest.raises(Withdrawn, match="other workers had filled the validation quota"):
+        task.start(True)
+    gate.visible()
+    mine = run.study.trials[1]
+    assert mine.state == TrialState.FAIL
+    record = trial_record(mine)
+    assert record.outcome == WITHDRAWN and "before its engine started" in (record.reason or "")
+    assert record.engine_pgid is None, "an engine started for a withdrawn trial"
+    # It does not count, and it is not a failure to re-run.
+    assert superseded(run.study.trials) == {1}
+    assert gate.count(task.match) == 1
+    run.retry_failed()
+    assert len(run.study.trials) == 2
+
+
+def test_a_trial_asked_first_keeps_its_place(tmp_path: Path) -> None:
+    run = _worker(tmp_path)
+    gate, task = _gate(run), _validation_task(run)
+    assert gate.reserve(task) == 0
+    ran: list[int] = []
+    run.progress = type("Seen", (NullProgress,), {"trial_started": lambda self, n, s, p: ran.append(n)})()
+    run.placement = _refuse_placement  # the admitted trial goes on towards its launch: stop it there
+    with pytest.raises(RuntimeError, match="placement reached"):
+        task.start(True)
+    gate.visible()
+    assert ran == [0]  # admitted: it went on to start
+    assert trial_record(run.study.trials[0]).outcome != WITHDRAWN
+
+
+def test_a_worker_waits_for_the_start_record_of_a_trial_asked_just_before(tmp_path: Path) -> None:
+    run = _worker(tmp_path)
+    gate, task = _gate(run), _validation_task(run)
+    assert gate.reserve(task) == 0
+    theirs = _other_workers_trial(run.study, record=False)  # asked, its record not written yet
+
+    def record_later() -> None:
+        time.sleep(0.5)
+        write_trial(theirs, stage=STAGE_VALIDATION, validates=3, params={"max_running": 64})
+
+    writer = threading.Thread(target=record_later)
+    writer.start()
+    with pytest.raises(Withdrawn):
+        task.start(True)
+    writer.join()
+    assert trial_record(run.study.trials[1]).outcome == WITHDRAWN
+
+
+def test_a_thread_without_a_reservation_is_always_admitted(tmp_path: Path) -> None:
+    """Sequential stages and retries are not quota-filling: nothing is withdrawn for them."""
+    run = _worker(tmp_path)
+    _other_workers_trial(run.study)
+    assert _gate(run).admitted(5)
+
+
+def _refuse_placement(flags: dict[str, object]) -> object:
+    raise RuntimeError("placement reached")
