@@ -1,7 +1,7 @@
 """Search efficiency on the simulator: engine-seconds and trials to reach 97 % of the exhaustive optimum.
 
 Run: ``python benchmarks/search_efficiency.py [--seeds 10] [--budget 40] [--cases NAME ...]
-[--methods staged tpe ...] [--noise 0.02] [--fresh-study] [--json out.json]``.
+[--methods staged tpe ...] [--noise 0.02] [--fresh-study] [--repeats] [--json out.json]``.
 
 Every trial is evaluated in-process with the simulator's own pieces: the engine's flag resolution
 (``vllm_args.resolve`` / ``sglang_args.resolve``), its start-up memory plan (``plan_vllm`` /
@@ -24,6 +24,12 @@ stage runs, memory probes with their peak-shape throughput) is told to its sampl
 the values it set inside the space, as ``autotune tune`` records every trial in one study: the
 sampler starts with what the stages measured. ``--fresh-study`` starts each sampler's study
 empty instead (the benchmark before it mirrored the product).
+
+**No repeats, as in the product.** When the product's sampler proposes a configuration the
+method measured already, that trial is withdrawn before it runs (no engine time, no place in the
+budget) and a random unmeasured point of the same space runs instead
+(``autotune/search/novelty.py``). ``--repeats`` re-runs it instead; the peers (``bo5``, ``grid``)
+always do.
 
 Methods, each with the same trial budget (every run counts, probes included):
 
@@ -66,6 +72,7 @@ from autotune.config import (
     Workload,
 )
 from autotune.outcomes import Outcome
+from autotune.search.novelty import config_key, unmeasured_point
 from autotune.search.objective import score
 from autotune.search.space import distribution, fits, suggest, suggest_param
 from autotune.search.stages import (
@@ -737,6 +744,11 @@ class Ledger:
     #: study starts empty, as the benchmark ran before it mirrored the product.
     told: bool = True
     study: optuna.Study | None = None  # the study runs are told to (set by ``_study``)
+    #: The product's rule (autotune/search/novelty.py): a sampled point the ledger measured
+    #: already is withdrawn before it runs, and an unmeasured one runs instead. The peer BO and
+    #: ``--repeats`` re-run it.
+    skip_repeats: bool = True
+    measured: dict[str, int] = field(default_factory=dict)  # configuration → its first run's index
 
     @property
     def full(self) -> bool:
@@ -747,12 +759,17 @@ class Ledger:
         return self.obj.case.space
 
     def run(self, stage: str, params: Params, workload: Workload | None = None, *, sampled: bool = False) -> Result:
-        flags = {"context_len": self.obj.case.context_len, **params} if stage != "baseline" else params
+        flags = self.flags(stage, params)
         result = self.obj(flags, workload, self.rng)
+        if workload is None and not result.outcome.retryable:
+            self.measured.setdefault(config_key(flags), len(self.trials))
         self.trials.append(Trial(stage, params, result if workload is None else _probe_only(result)))
         if self.study is not None and not sampled:
             _record(self, params, result, workload or self.obj.case.workload)
         return result
+
+    def flags(self, stage: str, params: Params) -> Params:
+        return {"context_len": self.obj.case.context_len, **params} if stage != "baseline" else params
 
 
 def _probe_only(result: Result) -> Result:
@@ -801,15 +818,31 @@ def _ask_tell(
     tell value and constraints. In a told study the fixed values inside the space are recorded
     too, as the product's runner enqueues them."""
     recorded = _in_space(ledger, fixed) if ledger.study is not None else {}
+    trial, params = _ask(ledger, study, space, fixed, recorded, hint)
+    if ledger.skip_repeats and config_key(ledger.flags(stage, params)) in ledger.measured:
+        point = unmeasured_point(
+            space,
+            lambda values: config_key(ledger.flags(stage, {**fixed, **values})) not in ledger.measured,
+            study,
+            ledger.rng.randrange(2**31),
+        )
+        if point is not None:  # withdrawn: no engine time, no place in the budget
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            trial, params = _ask(ledger, study, space, fixed, recorded, point)
+    result = ledger.run(stage, params, sampled=True)
+    _tell(ledger, study, trial, result)
+    return result
+
+
+def _ask(
+    ledger: Ledger, study: optuna.Study, space: SearchSpace, fixed: Params, recorded: Params, hint: Params | None
+) -> tuple[optuna.Trial, Params]:
     if hint or recorded:
         study.enqueue_trial({**(hint or {}), **recorded}, skip_if_exists=False)
     trial = study.ask()
     for name in recorded:
         suggest_param(trial, name, ledger.space.params[name])
-    params = {**fixed, **suggest(trial, space)}
-    result = ledger.run(stage, params, sampled=True)
-    _tell(ledger, study, trial, result)
-    return result
+    return trial, {**fixed, **suggest(trial, space)}
 
 
 def _study(ledger: Ledger, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
@@ -962,8 +995,15 @@ METHODS: dict[str, Callable[[Ledger, int], None]] = {
 }
 
 
-def run_method(obj: SimObjective, method: str, seed: int, budget: int, *, told: bool = True) -> list[Trial]:
-    ledger = Ledger(obj, budget, random.Random(f"{obj.case.name}/{method}/{seed}"), told=told)
+#: Peers' methods: they re-run a point their sampler proposes again.
+PEERS = frozenset({"bo5", "grid"})
+
+
+def run_method(
+    obj: SimObjective, method: str, seed: int, budget: int, *, told: bool = True, skip_repeats: bool = True
+) -> list[Trial]:
+    rng = random.Random(f"{obj.case.name}/{method}/{seed}")
+    ledger = Ledger(obj, budget, rng, told=told, skip_repeats=skip_repeats and method not in PEERS)
     METHODS[method](ledger, seed)
     return ledger.trials[:budget]
 
@@ -1052,6 +1092,7 @@ def evaluate_case(
     log: Callable[[str], None],
     *,
     told: bool = True,
+    skip_repeats: bool = True,
 ) -> CaseReport:
     started = time.monotonic()
     obj = SimObjective(case, noise)
@@ -1060,7 +1101,8 @@ def evaluate_case(
     log(f"  {case.name}: optimum {optimum:,.0f} tok/s at {arg} ({time.monotonic() - started:.0f} s)")
     out: dict[str, dict[str, Any]] = {}
     for method in methods:
-        reaches = [reach(run_method(obj, method, seed, budget, told=told), optimum) for seed in range(seeds)]
+        runs = (run_method(obj, method, seed, budget, told=told, skip_repeats=skip_repeats) for seed in range(seeds))
+        reaches = [reach(trials, optimum) for trials in runs]
         out[method] = summarise(reaches, budget)
         log(f"    {method}: {out[method]['reached']}/{seeds} reached ({time.monotonic() - started:.0f} s)")
     share = (default.true_value or 0.0) / optimum if default.truly_feasible else 0.0
@@ -1099,6 +1141,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="start each sampler's study empty instead of telling it the method's own runs (as the product does)",
     )
+    ap.add_argument(
+        "--repeats",
+        action="store_true",
+        help="let the product's methods re-run a point their sampler proposes again (the product withdraws it)",
+    )
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     started = time.monotonic()
@@ -1108,9 +1155,8 @@ def main(argv: list[str] | None = None) -> int:
 
     reports = []
     for case in (c for c in CASES if c.name in args.cases):
-        reports.append(
-            evaluate_case(case, args.seeds, args.budget, args.methods, args.noise, log, told=not args.fresh_study)
-        )
+        mirror = {"told": not args.fresh_study, "skip_repeats": not args.repeats}
+        reports.append(evaluate_case(case, args.seeds, args.budget, args.methods, args.noise, log, **mirror))
     print(table(reports))
     print("\nExhaustive optima (noise-free output tok/s):")
     for rep in reports:

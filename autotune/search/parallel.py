@@ -68,8 +68,6 @@ log = logging.getLogger(__name__)
 #: CPU cores one trial keeps busy without a GPU: the engine and the load generator.
 CORES_PER_CPU_TRIAL = 2
 _POLL_S = 1.0
-#: How long a new trial waits for the start records of trials asked just before it.
-_START_RECORD_WAIT_S = 10.0
 
 
 # ------------------------------------------------------------------------------ group sizes
@@ -255,19 +253,8 @@ class _Gate:
             task = self._pending.get(threading.get_ident())
         if task is None:
             return True
-        self._await_start_records(number)
+        self.run.await_start_records(number)
         return self.count(task.match, below=number) < task.quota
-
-    def _await_start_records(self, number: int) -> None:
-        """Wait (briefly) until every running trial asked before ``number`` has its start record,
-        so the task it counts toward is known. A worker writes it right after asking; one that
-        died in between has its trial failed by the heartbeat, and is not waited for long."""
-        deadline = time.monotonic() + _START_RECORD_WAIT_S
-        while time.monotonic() < deadline:
-            running = self.run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if all(trial_record(t).started for t in running if t.number < number):
-                return
-            time.sleep(0.05)
 
     def visible(self) -> None:
         """This thread's trial is in the storage now (or never will be)."""

@@ -34,6 +34,7 @@ from autotune.runtime.cpuset import plan_partition
 from autotune.runtime.gpu import wait_pids_released
 from autotune.search.diagnosis import WHERE
 from autotune.search.job import TuneJob
+from autotune.search.novelty import config_key, measured, unmeasured_point
 from autotune.search.objective import is_feasible
 from autotune.search.progress import Progress
 from autotune.search.record import (
@@ -65,6 +66,8 @@ Placement = Callable[[dict[str, Any]], AbstractContextManager[Mapping[str, str]]
 STAGE_BASELINE, STAGE_SEARCH, STAGE_VALIDATION = "baseline", "search", "validation"
 DEFAULTS = "defaults"  # the ``validates`` key of validation runs of the engine's defaults
 RELEASE_TIMEOUT_S = 120.0
+#: How long a new trial waits for the start records of trials asked just before it.
+START_RECORD_WAIT_S = 10.0
 STABLE_WITHIN = 0.05  # a run's throughput must be known within ±5 % (95 %), or the run is lengthened
 # Environment names that hold secrets: recorded as a reference to the variable, never by value.
 _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
@@ -175,17 +178,98 @@ class StudyRun:
         space = self.job.space.params
         recorded = {k: v for k, v in explicit.items() if k in space and fits(distribution(space[k]), v)}
         hinted = {k: v for k, v in (hint or {}).items() if sample and k in sample.params}
+        repeat = False  # a sampled trial that may measure a configuration again
         with self._ask_lock:
-            if recorded or hinted:
-                self.study.enqueue_trial({**hinted, **recorded}, skip_if_exists=False)
-            trial = self.study.ask()
-            for name in recorded:
-                suggest_param(trial, name, self.job.space.params[name])  # the enqueued value, now recorded
-            params = {**explicit, **(suggest(trial, sample) if sample else {})}
+            trial, params = self._ask(explicit, recorded, hinted, sample)
+            if sample is not None:
+                trial, params, repeat = self._unmeasured(trial, stage, params, explicit, recorded, sample)
         extra = dict(extra or {})
         if workload is not None:
             extra["workload_override"] = workload.model_dump(mode="json")
-        return self._execute(trial, stage, params, workload or self.job.workload, extra, probe=workload is not None)
+        return self._execute(
+            trial,
+            stage,
+            params,
+            workload or self.job.workload,
+            extra,
+            probe=workload is not None,
+            new_only=sample is not None and not repeat,
+        )
+
+    def _ask(
+        self, explicit: dict[str, Any], recorded: dict[str, Any], hinted: dict[str, Any], sample: SearchSpace | None
+    ) -> tuple[optuna.Trial, dict[str, Any]]:
+        """A new trial and its params: ``explicit``, with a sample of ``sample`` (``hinted``
+        values first). The explicit values inside the space are enqueued, so the sampler sees them."""
+        if recorded or hinted:
+            self.study.enqueue_trial({**hinted, **recorded}, skip_if_exists=False)
+        trial = self.study.ask()
+        for name in recorded:
+            suggest_param(trial, name, self.job.space.params[name])  # the enqueued value, now recorded
+        return trial, {**explicit, **(suggest(trial, sample) if sample else {})}
+
+    def _unmeasured(
+        self,
+        trial: optuna.Trial,
+        stage: str,
+        params: dict[str, Any],
+        explicit: dict[str, Any],
+        recorded: dict[str, Any],
+        sample: SearchSpace,
+    ) -> tuple[optuna.Trial, dict[str, Any], bool]:
+        """The sampled trial to run, its params, and whether it repeats a measured configuration:
+        ``trial``, unless it proposes a configuration the study measured already; that one is
+        withdrawn and an unmeasured random point of ``sample`` runs instead, or — in a used-up
+        space — the repeat runs (:mod:`autotune.search.novelty`)."""
+        seen = measured(self.trials())
+        earlier = seen.get(config_key(self.flags(params)))
+        if earlier is None:
+            return trial, params, False
+        seed = None if self.job.study.seed is None else self.job.study.seed * 100_003 + trial.number
+        point = unmeasured_point(
+            sample, lambda values: config_key(self.flags({**explicit, **values})) not in seen, self.study, seed
+        )
+        if point is None:
+            self.progress.message(f"trial {trial.number} repeats trial {earlier}: every point drawn was measured")
+            return trial, params, True
+        reason = f"withdrawn before its engine started: trial {earlier} measured the configuration it proposed"
+        write_trial(trial, stage=stage, params=params, outcome=WITHDRAWN, reason=reason)
+        self.study.tell(trial, state=TrialState.FAIL)
+        replacement, params = self._ask(explicit, recorded, point, sample)
+        self.progress.message(
+            f"the sampler proposed trial {earlier}'s configuration again: trial {replacement.number} "
+            "tries an unmeasured point instead"
+        )
+        return replacement, params, False
+
+    def _gives_way(self, number: int, stage: str, flags: dict[str, Any], new_only: bool) -> str | None:
+        """Why trial ``number``, its start record stored, must give way to a trial asked before
+        it, or None. Slots and workers ask at the same moment without seeing each other's
+        choice; the storage's trial numbers order them. The earlier trial filled the quota, or
+        (``new_only``) measures the same configuration."""
+        if not self.admit(number):
+            return f"trials of other workers had filled the {stage} quota"
+        if new_only:
+            self.await_start_records(number)
+            earlier = measured(t for t in self.trials() if t.number < number).get(config_key(flags))
+            if earlier is not None:
+                return f"trial {earlier}, asked just before, measures the same configuration"
+        return None
+
+    def await_start_records(self, number: int) -> None:
+        """Wait (briefly) until every running trial asked before ``number`` has its start record,
+        so what it runs is known. A worker writes it right after asking; one that died in
+        between has its trial failed by the heartbeat, and is not waited for long."""
+        deadline = time.monotonic() + START_RECORD_WAIT_S
+        while time.monotonic() < deadline:
+            running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if all(trial_record(t).started for t in running if t.number < number):
+                return
+            time.sleep(0.05)
+
+    def flags(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The engine flags a trial with ``params`` runs with."""
+        return self.adapter.to_flags({**self.job.engine.fixed_flags, **self.job.space.fixed, **params})
 
     def _execute(
         self,
@@ -196,10 +280,12 @@ class StudyRun:
         extra: dict[str, Any],
         *,
         probe: bool = False,
+        new_only: bool = False,
     ) -> TrialResult:
         """One trial; ``probe``: a run under another workload (a peak shape) that asks only
-        whether the engine survives it, so the client's limits do not invalidate it."""
-        flags = self.adapter.to_flags({**self.job.engine.fixed_flags, **self.job.space.fixed, **params})
+        whether the engine survives it, so the client's limits do not invalidate it;
+        ``new_only``: withdrawn if a trial asked before it measures the same configuration."""
+        flags = self.flags(params)
         trial_dir = self.job.dir / "trials" / str(trial.number)
         # What says which quota a trial counts toward (stage, extra) is stored before params,
         # which mark the start record complete (TrialRecord.started).
@@ -213,8 +299,9 @@ class StudyRun:
             worker=self.worker,
             trial_dir=str(trial_dir.resolve()),
         )
-        if not self.admit(trial.number):
-            reason = f"withdrawn before its engine started: trials of other workers had filled the {stage} quota"
+        why = self._gives_way(trial.number, stage, flags, new_only)
+        if why is not None:
+            reason = f"withdrawn before its engine started: {why}"
             write_trial(trial, outcome=WITHDRAWN, reason=reason)
             self.study.tell(trial, state=TrialState.FAIL)
             raise Withdrawn(reason)

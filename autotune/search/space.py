@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -14,7 +15,7 @@ from optuna.distributions import (
 
 from autotune.config import BoolParam, CategoricalParam, FloatParam, IntParam, Param, SearchSpace
 
-__all__ = ["active", "distribution", "fits", "suggest", "suggest_param"]
+__all__ = ["active", "distribution", "draw", "fits", "suggest", "suggest_param"]
 
 
 def active(param: Param, chosen: dict[str, Any]) -> bool:
@@ -58,8 +59,25 @@ def suggest_param(trial: optuna.Trial, name: str, param: Param) -> Any:
 
 
 def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
-    """Sample every active parameter. Conditions are resolved in dependency order, so a
-    parameter whose condition is off is never suggested (and so never sent to the engine)."""
+    """Sample every active parameter (or read its enqueued value)."""
+    return _resolve(space, lambda name, param: suggest_param(trial, name, param))
+
+
+def draw(space: SearchSpace, sampler: optuna.samplers.RandomSampler, study: optuna.Study) -> dict[str, Any]:
+    """The active parameters of one random point of ``space``, without a trial (to look at a
+    point before asking for it)."""
+    probe = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING)  # the sampler ignores it
+
+    def pick(name: str, param: Param) -> Any:
+        value = sampler.sample_independent(study, probe, name, distribution(param))
+        return round(value, 10) if isinstance(param, FloatParam) and param.step else value
+
+    return _resolve(space, pick)
+
+
+def _resolve(space: SearchSpace, pick: Callable[[str, Param], Any]) -> dict[str, Any]:
+    """Pick every active parameter. Conditions are resolved in dependency order, so a
+    parameter whose condition is off is never picked (and so never sent to the engine)."""
     chosen: dict[str, Any] = {}
     pending = dict(space.params)
     while pending:
@@ -69,5 +87,5 @@ def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
         for name in ready:
             param = pending.pop(name)
             if active(param, chosen):
-                chosen[name] = suggest_param(trial, name, param)
+                chosen[name] = pick(name, param)
     return chosen

@@ -212,9 +212,7 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
     if MEMORY not in run.job.space.params:
         skip_stage(run, "memory_edge", "the search space has no memory_fraction")
         return None
-    pinned = run.adapter.pinned_kv_pool(
-        run.adapter.to_flags({**run.job.engine.fixed_flags, **run.job.space.fixed, **fixed})
-    )
+    pinned = run.adapter.pinned_kv_pool(run.flags(fixed))
     if pinned:
         skip_stage(run, "memory_edge", pinned)
         return None

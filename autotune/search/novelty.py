@@ -1,0 +1,64 @@
+"""A sampled trial measures a configuration the study has not measured yet.
+
+TPE re-proposes its incumbent once its model has settled on it (on real vLLM-CPU it ran one point
+of a 10-point space three times in 8 trials), and a small discrete space runs out of new points.
+A repeat run of a search trial finds nothing: the noise it would measure is what finalist
+validation measures, on fresh engines, round by round. So when the sampler proposes a
+configuration measured already, the trial is withdrawn before its engine starts, and a random
+point of the same space that nothing has measured runs instead: the exploration TPE's own start-up
+trials do. Only when no such point turns up in :data:`DRAWS` draws (the space is used up) does the
+repeat run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import SearchSpace
+from autotune.search.record import trial_records
+from autotune.search.space import draw
+from autotune.search.storage import superseded
+
+__all__ = ["DRAWS", "config_key", "measured", "unmeasured_point"]
+
+#: Random draws tried for an unmeasured point before the space counts as used up.
+DRAWS = 64
+# States of a configuration that was measured or is being measured: served or failed for its
+# flags (told COMPLETE), ended early (PRUNED), or running. A FAIL is an infrastructure failure
+# that the retry logic re-runs: it measured nothing.
+_MEASURING = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+
+
+def config_key(flags: Mapping[str, Any]) -> str:
+    """One engine configuration, comparable across trials (flags as a trial records them)."""
+    return json.dumps(flags, sort_keys=True, default=str)
+
+
+def measured(trials: Iterable[FrozenTrial]) -> dict[str, int]:
+    """Configuration key → the first trial that measured it (or is measuring it) under the
+    study's workload; peak-shape probes measure something else and do not count."""
+    trials = list(trials)
+    replaced = superseded(trials)
+    seen: dict[str, int] = {}
+    for t, r in zip(trials, trial_records(trials), strict=True):
+        if t.state in _MEASURING and t.number not in replaced and r.flags and not r.is_probe:
+            seen.setdefault(config_key(r.flags), t.number)
+    return seen
+
+
+def unmeasured_point(
+    space: SearchSpace, is_new: Callable[[dict[str, Any]], bool], study: optuna.Study, seed: int | None
+) -> dict[str, Any] | None:
+    """Values of ``space`` for a random point that ``is_new`` accepts, or None when none of
+    :data:`DRAWS` draws is."""
+    sampler = optuna.samplers.RandomSampler(seed=seed)
+    for _ in range(DRAWS):
+        values = draw(space, sampler, study)
+        if is_new(values):
+            return values
+    return None

@@ -1,0 +1,161 @@
+"""A sampled trial never re-runs a configuration the study measured: the repeat is withdrawn
+before its engine starts and an unmeasured point of the space runs instead."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.engines import get_adapter
+from autotune.search.novelty import config_key, measured, unmeasured_point
+from autotune.search.progress import NullProgress
+from autotune.search.record import WITHDRAWN, trial_record, write_trial
+from autotune.search.runner import StudyRun, Withdrawn
+from autotune.search.storage import open_study
+from autotune.search.tune import TuneJob
+
+pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # PartialFixedSampler
+SPACE = {"params": {"max_running": {"type": "categorical", "choices": [16, 32, 64]}}}
+WORKLOAD = {"name": "w", "dataset": {"input_len": 64, "output_len": 8}, "num_prompts": 8}
+
+
+class _Launch(Exception):
+    """The trial got as far as its launch: the test stops it there."""
+
+
+class _Messages(NullProgress):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def _run(tmp_path: Path, proposes: int) -> StudyRun:
+    """A study whose sampler always proposes ``max_running = proposes``."""
+    engine = parse_model(
+        EngineSettings, {"kind": "vllm", "model": "m", "command": [sys.executable, "-c", "pass"]}, "engine"
+    )
+    job = TuneJob(
+        engine=engine,
+        space=parse_model(SearchSpace, SPACE, "space"),
+        workload=parse_model(Workload, WORKLOAD, "workload"),
+        study=parse_model(StudySettings, {"name": "n", "results_dir": tmp_path, "seed": 3}, "study"),
+    )
+    sampler = optuna.samplers.PartialFixedSampler({"max_running": proposes}, optuna.samplers.RandomSampler(seed=0))
+    study = open_study("n", job.storage_url, directions=["maximize"], sampler=sampler)
+    run = StudyRun(job, get_adapter(job.engine), study, _Messages())
+    run.placement = _stop_at_launch
+    return run
+
+
+def _stop_at_launch(flags: dict[str, Any]) -> Any:
+    raise _Launch
+
+
+def _measured_trial(run: StudyRun, max_running: int, state: TrialState = TrialState.COMPLETE, **attrs: Any) -> None:
+    params = {"max_running": max_running}
+    run.study.add_trial(
+        optuna.trial.create_trial(
+            state=state,
+            params=params,
+            distributions={"max_running": CategoricalDistribution([16, 32, 64])},
+            value=100.0 if state == TrialState.COMPLETE else None,
+            user_attrs={"stage": "search", "params": params, "flags": run.flags(params), **attrs},
+        )
+    )
+
+
+def _launched(run: StudyRun) -> dict[str, Any]:
+    with pytest.raises(_Launch):
+        run.run("search", sample=run.job.space)
+    launched = run.study.trials[-1]
+    assert trial_record(launched).outcome != WITHDRAWN
+    return launched.params
+
+
+def test_a_proposal_measured_already_is_withdrawn_and_an_unmeasured_point_runs(tmp_path: Path) -> None:
+    run = _run(tmp_path, proposes=32)
+    _measured_trial(run, 32)
+    _measured_trial(run, 16)
+    assert _launched(run) == {"max_running": 64}  # the one point nothing measured
+    proposed = run.study.trials[2]
+    assert proposed.params == {"max_running": 32} and proposed.state == TrialState.FAIL
+    record = trial_record(proposed)
+    assert record.outcome == WITHDRAWN and "trial 0 measured the configuration" in (record.reason or "")
+    assert record.engine_pgid is None
+    assert any("proposed trial 0's configuration again: trial 3" in line for line in run.progress.lines)  # type: ignore[attr-defined]
+
+
+def test_a_new_proposal_runs_as_sampled(tmp_path: Path) -> None:
+    run = _run(tmp_path, proposes=32)
+    _measured_trial(run, 16)
+    assert _launched(run) == {"max_running": 32}
+    assert len(run.study.trials) == 2
+
+
+def test_when_every_point_was_measured_the_repeat_runs_and_says_so(tmp_path: Path) -> None:
+    run = _run(tmp_path, proposes=32)
+    for value in (16, 32, 64):
+        _measured_trial(run, value)
+    assert _launched(run) == {"max_running": 32}
+    assert not [t for t in run.study.trials if trial_record(t).outcome == WITHDRAWN]
+    assert any("repeats trial 1: every point drawn was measured" in line for line in run.progress.lines)  # type: ignore[attr-defined]
+
+
+def test_of_two_workers_proposing_one_configuration_at_once_the_later_gives_way(tmp_path: Path) -> None:
+    # Another worker asked first; its start record lands only after this worker checked what
+    # the study measured, so only the check after this trial's own record can see it.
+    run = _run(tmp_path, proposes=32)
+    theirs = run.study.ask()
+
+    def record_later() -> None:
+        time.sleep(0.5)
+        write_trial(theirs, stage="search", params={"max_running": 32}, flags=run.flags({"max_running": 32}))
+
+    writer = threading.Thread(target=record_later)
+    writer.start()
+    with pytest.raises(Withdrawn, match="trial 0, asked just before, measures the same configuration"):
+        run.run("search", sample=run.job.space)
+    writer.join()
+    mine = trial_record(run.study.trials[1])
+    assert mine.outcome == WITHDRAWN and mine.engine_pgid is None
+
+
+@pytest.mark.parametrize(
+    ("state", "attrs", "counts"),
+    [
+        (TrialState.COMPLETE, {}, True),  # served, or failed for its flags
+        (TrialState.PRUNED, {}, True),  # ended early: measured enough to lose
+        (TrialState.RUNNING, {}, True),  # being measured
+        (TrialState.FAIL, {"outcome": "crash"}, False),  # infrastructure: its retry measures it
+        (TrialState.COMPLETE, {"workload_override": {"name": "peak"}}, False),  # a peak-shape probe
+    ],
+)
+def test_what_counts_as_measured(tmp_path: Path, state: TrialState, attrs: dict[str, Any], counts: bool) -> None:
+    run = _run(tmp_path, proposes=32)
+    _measured_trial(run, 32, state, **attrs)
+    assert (config_key(run.flags({"max_running": 32})) in measured(run.study.trials)) is counts
+
+
+def test_a_retried_failure_is_measured_by_its_retry_only(tmp_path: Path) -> None:
+    run = _run(tmp_path, proposes=32)
+    _measured_trial(run, 32, TrialState.FAIL, outcome="crash")
+    _measured_trial(run, 32, retry_of=0)
+    assert measured(run.study.trials) == {config_key(run.flags({"max_running": 32})): 1}
+
+
+def test_unmeasured_point_draws_from_the_space_until_one_is_new() -> None:
+    space = parse_model(SearchSpace, SPACE, "space")
+    study = optuna.create_study()
+    assert unmeasured_point(space, lambda v: v["max_running"] == 64, study, seed=1) == {"max_running": 64}
+    assert unmeasured_point(space, lambda v: False, study, seed=1) is None
