@@ -52,7 +52,7 @@ from autotune.outcomes import Outcome  # noqa: E402
 from autotune.runtime.hostinfo import host_facts  # noqa: E402
 from autotune.search.job import TuneJob  # noqa: E402
 from autotune.search.progress import NullProgress  # noqa: E402
-from autotune.search.record import trial_record  # noqa: E402
+from autotune.search.record import WITHDRAWN, trial_record  # noqa: E402
 from autotune.search.runner import StudyRun  # noqa: E402
 from autotune.search.storage import feasible_trials, open_study  # noqa: E402
 from autotune.search.tune import make_sampler, run_study  # noqa: E402
@@ -198,8 +198,11 @@ def runs_at(params: dict[str, Any], *studies: list[Run]) -> list[float]:
 
 
 def report(payload: dict[str, Any]) -> list[str]:
-    """The tables: each study's path to the grid's best, then the two picks with all their runs."""
-    staged, grid = ([Run(**r) for r in payload[k]] for k in ("staged", "grid"))
+    """The tables: each study's path to the grid's best, then the two picks with all their runs.
+    A proposal withdrawn before its engine started (a repeat, novelty.py) is no trial: it is
+    counted apart."""
+    recorded = {k: [Run(**r) for r in payload[k]] for k in ("staged", "grid")}
+    staged, grid = ([r for r in recorded[k] if r.outcome != WITHDRAWN] for k in ("staged", "grid"))
     picks = {"grid's best": best(grid), "staged's best": best(staged)}
     measured: dict[str, list[float]] = {}
     for name, pick in picks.items():
@@ -213,14 +216,15 @@ def report(payload: dict[str, Any]) -> list[str]:
         f"grid's best: {top.params} at {top.value:,.1f} tok/s (its grid run); noise {noise:.1%} "
         f"(the larger spread of the two picks' runs); within noise = ≥ {bar:,.1f} tok/s",
         "",
-        "| study | trials | engine-s, all | best single run "
+        "| study | trials | repeats withdrawn | engine-s, all | best single run "
         "| trials to within noise of grid's best | engine-s to there |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, runs in (("staged", staged), ("grid", grid)):
         top_run, reached = best(runs), first_within(runs, bar)
+        withdrawn = len(recorded[name]) - len(runs)
         lines.append(
-            f"| {name} | {len(runs)} | {sum(r.engine_s for r in runs):,.0f} | "
+            f"| {name} | {len(runs)} | {withdrawn} | {sum(r.engine_s for r in runs):,.0f} | "
             f"{f'{top_run.value:,.1f} at {top_run.params}' if top_run and top_run.value else 'none'} | "
             f"{reached[0] if reached else 'not reached'} | {f'{reached[1]:,.0f}' if reached else '–'} |"
         )

@@ -37,9 +37,19 @@ def test_reach_counts_trials_and_engine_time_up_to_the_noise_bar(rs: Any) -> Non
     assert "noise 8.0%" in text
     staged = next(line for line in lines if line.startswith("| staged |"))
     grid = next(line for line in lines if line.startswith("| grid |"))
-    assert staged.split("|")[5].strip() == "3" and staged.split("|")[6].strip() == "120"
-    assert grid.split("|")[5].strip() == "2" and grid.split("|")[6].strip() == "80"
+    assert staged.split("|")[6].strip() == "3" and staged.split("|")[7].strip() == "120"
+    assert grid.split("|")[6].strip() == "2" and grid.split("|")[7].strip() == "80"
     assert "cannot be told apart" in text
+
+
+def test_a_withdrawn_repeat_is_no_trial(rs: Any) -> None:
+    # The sampler proposed A again; it was withdrawn before its engine started (0 s, no value).
+    payload = _payload({"grid's best": [960.0, 1040.0], "staged's best": [1000.0, 990.0]})
+    payload["staged"].insert(2, {**_run(2, "scenario", A, None, 0.0), "outcome": "withdrawn"})
+    payload["staged"][3]["number"] = 3
+    staged = next(line for line in rs.report(payload) if line.startswith("| staged |")).split("|")
+    assert [c.strip() for c in staged[2:4]] == ["3", "1"]  # 3 trials ran, 1 repeat withdrawn
+    assert staged[6].strip() == "3" and staged[7].strip() == "120"
 
 
 def test_picks_further_apart_than_the_noise_are_told_apart(rs: Any) -> None:
