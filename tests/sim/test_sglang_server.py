@@ -102,8 +102,10 @@ def test_decode_lines_and_retraction_warnings_under_a_tight_pool(sims: Any) -> N
         "sglang",
         "--model-path",
         MODEL,
+        # 2,000 tokens: any 8 of the 24 requests (264 tokens each at their end) overflow it, so
+        # the pool fills even when a busy client's requests arrive spread out.
         "--max-total-tokens",
-        "4000",
+        "2000",
         "--schedule-conservativeness",
         "0.05",
         "--decode-log-interval",
