@@ -55,8 +55,8 @@ __all__ = [
 RECORD_VERSION = 1
 #: The outcome recorded for a trial its tuner stopped (Ctrl-C, or killed: failed on the next start).
 INTERRUPTED = "interrupted"
-#: The outcome recorded for a trial withdrawn before its engine started: other workers' trials,
-#: asked at the same moment, had already filled the quota it was asked for.
+#: The outcome recorded for a trial withdrawn before its engine started: trials asked before it
+#: had filled its quota, or measured (or are measuring) the configuration it proposed.
 WITHDRAWN = "withdrawn"
 _VERSION_KEY = "record_version"
 

@@ -88,7 +88,8 @@ def _anywhere(flags: dict[str, Any]) -> AbstractContextManager[Mapping[str, str]
 
 
 class Withdrawn(Exception):
-    """A trial given back before its engine started: its quota was full (see ``StudyRun.admit``)."""
+    """A trial given back before its engine started: a trial asked before it filled its quota or
+    measures the same configuration (``StudyRun._gives_way``)."""
 
 
 def _deterministic_failure(t: FrozenTrial) -> tuple[str, str] | None:
@@ -232,9 +233,7 @@ class StudyRun:
         if point is None:
             self.progress.message(f"trial {trial.number} repeats trial {earlier}: every point drawn was measured")
             return trial, params, True
-        reason = f"withdrawn before its engine started: trial {earlier} measured the configuration it proposed"
-        write_trial(trial, stage=stage, params=params, outcome=WITHDRAWN, reason=reason)
-        self.study.tell(trial, state=TrialState.FAIL)
+        self._withdraw(trial, f"trial {earlier} measured the configuration it proposed", stage=stage, params=params)
         replacement, params = self._ask(explicit, recorded, point, sample)
         self.progress.message(
             f"the sampler proposed trial {earlier}'s configuration again: trial {replacement.number} "
@@ -255,6 +254,14 @@ class StudyRun:
             if earlier is not None:
                 return f"trial {earlier}, asked just before, measures the same configuration"
         return None
+
+    def _withdraw(self, trial: optuna.Trial, why: str, **attrs: Any) -> str:
+        """Give ``trial`` back before any engine starts: recorded ``withdrawn``, told FAIL (the
+        sampler learns nothing from it), never counted nor re-run. Returns the recorded reason."""
+        reason = f"withdrawn before its engine started: {why}"
+        write_trial(trial, **attrs, outcome=WITHDRAWN, reason=reason)
+        self.study.tell(trial, state=TrialState.FAIL)
+        return reason
 
     def await_start_records(self, number: int) -> None:
         """Wait (briefly) until every running trial asked before ``number`` has its start record,
@@ -301,10 +308,7 @@ class StudyRun:
         )
         why = self._gives_way(trial.number, stage, flags, new_only)
         if why is not None:
-            reason = f"withdrawn before its engine started: {why}"
-            write_trial(trial, outcome=WITHDRAWN, reason=reason)
-            self.study.tell(trial, state=TrialState.FAIL)
-            raise Withdrawn(reason)
+            raise Withdrawn(self._withdraw(trial, why))
         self.progress.trial_started(trial.number, stage, params)
         try:
             with self.placement(flags) as env:
