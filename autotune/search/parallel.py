@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 #: CPU cores one trial keeps busy without a GPU: the engine and the load generator.
 CORES_PER_CPU_TRIAL = 2
 _POLL_S = 1.0
+_GATE_POLL_S = 0.1  # a reservation lasts from a slot's ask to its start record: moments
 
 
 # ------------------------------------------------------------------------------ group sizes
@@ -238,13 +239,23 @@ class _Gate:
         return sum(1 for t in self.run.trials() if match(t) and t.state == TrialState.RUNNING)
 
     def reserve(self, task: _Task) -> int | None:
-        """Reserve a trial of ``task`` for this thread; returns how many there were, or None when full."""
-        with self._lock:
-            have = self.count(task.match) + sum(1 for pending in self._pending.values() if pending.key == task.key)
-            if have >= task.quota:
-                return None
-            self._pending[threading.get_ident()] = task
-            return have
+        """Reserve a trial of ``task`` for this thread; returns how many there were, or None when full.
+
+        A slot's trial is in the storage (counted there) a little before its reservation ends, so
+        a place can look taken twice; while another slot holds a reservation of the same task,
+        a full count is waited out instead of believed (believing it ends this slot early and
+        runs the rest of the stage on fewer slots)."""
+        me = threading.get_ident()
+        while True:
+            with self._lock:
+                others = sum(1 for thread, pending in self._pending.items() if thread != me and pending.key == task.key)
+                have = self.count(task.match) + others
+                if have < task.quota:
+                    self._pending[me] = task
+                    return have
+                if not others:
+                    return None
+            time.sleep(_GATE_POLL_S)
 
     def admitted(self, number: int) -> bool:
         """Whether this thread's trial ``number``, its start record stored, is within its task's

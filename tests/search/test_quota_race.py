@@ -130,5 +130,35 @@ def test_a_thread_without_a_reservation_is_always_admitted(tmp_path: Path) -> No
     assert _gate(run).admitted(5)
 
 
+def test_a_slot_waits_out_a_place_counted_twice_instead_of_leaving(tmp_path: Path) -> None:
+    """Another slot's trial is stored a moment before its reservation ends: for that moment the
+    place counts twice. A slot that believed it would leave a quota of 2 with one trial running."""
+    run = _worker(tmp_path)
+    gate, task = _gate(run), _validation_task(run, quota=2)
+    stored, release = threading.Event(), threading.Event()
+
+    def other_slot() -> None:
+        assert gate.reserve(task) == 0
+        _other_workers_trial(run.study)  # its start record is stored; its reservation not ended yet
+        stored.set()
+        release.wait(10)
+        gate.visible()
+
+    slot = threading.Thread(target=other_slot)
+    slot.start()
+    assert stored.wait(10)
+    threading.Timer(0.3, release.set).start()
+    assert gate.reserve(task) == 1  # the second place, not "full"
+    slot.join()
+    gate.visible()
+
+
+def test_a_full_quota_with_no_other_reservation_is_full(tmp_path: Path) -> None:
+    run = _worker(tmp_path)
+    gate, task = _gate(run), _validation_task(run, quota=1)
+    _other_workers_trial(run.study)
+    assert gate.reserve(task) is None
+
+
 def _refuse_placement(flags: dict[str, object]) -> object:
     raise RuntimeError("placement reached")
