@@ -113,8 +113,10 @@ def test_the_opening_line_counts_what_is_stored(study: dict[str, Any], home: Pat
     again = run(home, *[str(copy) if a == str(study["results"]) else a for a in study["args"]])
     assert again.returncode == 0, again.stdout + again.stderr
     opening = again.stdout.splitlines()[1]
-    stages = ", ".join(f"{k} {v}" for k, v in _stages(study["trials"]).items())
-    assert opening.startswith(f"study s: resuming with {len(study['trials'])} trials recorded ({stages})"), opening
+    ran = [t for t in study["trials"] if t.user_attrs.get("outcome") != "withdrawn"]
+    stages = ", ".join(f"{k} {v}" for k, v in _stages(ran).items())
+    assert opening.startswith(f"study s: resuming with {len(ran)} trials ({stages})"), opening
+    assert "recorded;" in opening
     assert "already done" not in again.stdout
 
 

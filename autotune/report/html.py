@@ -81,10 +81,9 @@ def _flags_text(flags: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------- sections
 def _header(report: StudyReport) -> str:
-    stages = ", ".join(f"{k} {v}" for k, v in report.stages.items())
     meta = (
         f"{_e(report.engine or 'engine?')} · model <code>{_e(report.model)}</code> · workload {_e(report.workload)}"
-        f" · {_e(report.direction)} <code>{_e(report.objective)}</code> · {len(report.trials)} trials ({_e(stages)})"
+        f" · {_e(report.direction)} <code>{_e(report.objective)}</code> · {_e(report.trials_text)}"
         f" · generated {_e(report.generated)} by autotune {_e(__version__)}"
     )
     banner = (

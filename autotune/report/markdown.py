@@ -28,13 +28,12 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[object]], align: str)
 
 
 def _intro(report: StudyReport) -> list[str]:
-    stages = ", ".join(f"{k} {v}" for k, v in report.stages.items())
     lines = [f"# autotune report: {report.name}", ""]
     if report.simulated:
         lines += [f"> **Simulated engine: numbers are modelled**, not measured on hardware. {report_sentence()}", ""]
     lines += [
         f"{report.engine} · model `{report.model}` · workload {report.workload} · "
-        f"{report.direction} `{report.objective}` · {len(report.trials)} trials ({stages}) · {report.generated}",
+        f"{report.direction} `{report.objective}` · {report.trials_text} · {report.generated}",
         "",
     ]
     return lines

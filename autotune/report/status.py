@@ -18,7 +18,7 @@ from autotune.report.console import console, metric_cell, print_table, table
 from autotune.report.files import objective_terms
 from autotune.report.launch import engine_config, objective_metric, value_summary
 from autotune.report.simband import modelled_note
-from autotune.report.summary import explain, format_value, launch_counts, no_winner_text
+from autotune.report.summary import explain, format_value, launch_counts, no_winner_text, trials_text
 from autotune.search.job import TuneJob
 from autotune.search.record import (
     StageState,
@@ -66,9 +66,7 @@ def opening_line(job: TuneJob) -> str:
     trials = existing.get_trials(deepcopy=False) if existing is not None else []
     if not trials:
         return f"study {cfg.name}: new, in {job.dir}; {plan}"
-    stages = Counter(r.stage or "?" for r in trial_records(trials))
-    recorded = ", ".join(f"{k} {v}" for k, v in stages.items())
-    return f"study {cfg.name}: resuming with {len(trials)} trials recorded ({recorded}); {plan}"
+    return f"study {cfg.name}: resuming with {trials_text(trials)} recorded; {plan}"
 
 
 def budget_line(job: TuneJob, study: optuna.Study, elapsed: float) -> str | None:
@@ -346,11 +344,7 @@ def print_status(st: optuna.Study) -> None:
     trials = st.get_trials(deepcopy=False)
     records = trial_records(trials)
     outcomes = Counter(r.outcome or t.state.name.lower() for t, r in zip(trials, records, strict=True))
-    stages = Counter(r.stage or "?" for r in records)
-    console.print(
-        f"study {st.study_name}: {len(trials)} trials ({', '.join(f'{k} {v}' for k, v in stages.items())})",
-        highlight=False,
-    )
+    console.print(f"study {st.study_name}: {trials_text(trials)}", highlight=False)
     console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())), highlight=False)
     probes = [t for t, r in zip(trials, records, strict=True) if r.probe is not None]
     if workload_runs := [t for t, r in zip(trials, records, strict=True) if r.probe is None]:

@@ -173,7 +173,7 @@ class StudyReport:
     flags: list[FlagRow]
     failures: list[TrialNote]
     outcomes: dict[str, int]
-    stages: dict[str, int]
+    trials_text: str  # "N trials (by stage)", withdrawn ones apart
     cdfs: dict[str, LatencyCdf] = field(default_factory=dict)
     stage_states: dict[str, dict[str, Any]] = field(default_factory=dict)
     generated: str = ""
@@ -258,6 +258,16 @@ def format_value(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value, separators=(",", ":"))
     return str(value)
+
+
+def trials_text(trials: Sequence[FrozenTrial]) -> str:
+    """``12 trials (baseline 1, search 11)``: a withdrawn trial never started an engine, so it
+    is named apart rather than counted as one the study ran."""
+    records = trial_records(trials)
+    withdrawn = sum(1 for r in records if r.outcome == WITHDRAWN)
+    stages = Counter(r.stage or "?" for r in records if r.outcome != WITHDRAWN)
+    text = f"{len(trials) - withdrawn} trials ({', '.join(f'{k} {v}' for k, v in stages.items())})"
+    return text + (f"; {withdrawn} more withdrawn before launch" if withdrawn else "")
 
 
 def launch_counts(outcomes: Mapping[str, int]) -> str:
@@ -556,7 +566,7 @@ def summarize(study: optuna.Study) -> StudyReport:
         flags=_flag_rows(baseline, winner) if winner is not None else [],
         failures=_failures(trials),
         outcomes=dict(Counter(_outcome(t) for t in trials if t.state.is_finished())),
-        stages=dict(Counter(trial_record(t).stage or "?" for t in trials)),
+        trials_text=trials_text(trials),
         cdfs=cdfs,
         # What each methodology stage decided (or why it was skipped), as the tuning loop stored it.
         stage_states={name: state.to_json() for name, state in stage_states(study).items()},

@@ -27,7 +27,7 @@ from autotune.report import summary as summary_module
 from autotune.report.html import write_report
 from autotune.report.plots import pareto
 from autotune.report.summary import CDF_POINTS, _empirical, summarize
-from autotune.search.record import trial_record
+from autotune.search.record import WITHDRAWN, trial_record
 from autotune.search.storage import default_storage_url, load_study
 
 STUDY = "nightly"
@@ -133,7 +133,7 @@ class _Builder:
             "trial_dir": str(trial_dir),
             **extra,
         }
-        failed = outcome in ("crash", "startup_timeout")
+        failed = outcome in ("crash", "startup_timeout", WITHDRAWN)
         self.study.add_trial(
             optuna.trial.create_trial(
                 state=TrialState.FAIL if failed else TrialState.COMPLETE,
@@ -335,6 +335,17 @@ def test_small_real_study_leaves_out_probes_and_explains_missing_importance(tmp_
     assert "needs at least 3 served search trials and 2 varied parameters (have 1 and 0)" in page
     assert "simulated-banner" not in page and "modelled" not in md_path.read_text()
     assert "for engine defaults and winner: those lines join the recorded percentiles" in page
+
+
+def test_a_withdrawn_trial_is_named_apart_from_the_trials_that_ran(tmp_path: Path) -> None:
+    b = _Builder(tmp_path, "withdrawn")
+    b.add("baseline", "ok", tps=BASELINE_TPS)
+    b.add("search", "ok", params=WINNER_PARAMS, tps=1200.0)
+    b.add("search", WITHDRAWN, params=WINNER_PARAMS, reason="withdrawn before its engine started: trial 1 ...")
+    html_path, md_path = write_report(b.study, tmp_path / "withdrawn")
+    header = "2 trials (baseline 1, search 1); 1 more withdrawn before launch"
+    assert header in md_path.read_text() and header in html_path.read_text()
+    assert "| withdrawn |" not in md_path.read_text()  # it never ran: no failure to explain
 
 
 def test_study_with_no_feasible_trial_still_reports_its_failures(tmp_path: Path) -> None:
