@@ -97,6 +97,8 @@ def _header(report: StudyReport) -> str:
 
 def _headline(report: StudyReport) -> str:
     stopped = f'<p class="headline">Stopped early: {_e(report.stopped_line)}.</p>' if report.stopped_line else ""
+    if report.search_stall:
+        stopped += f'<p class="headline">Search ended early: {_e(report.search_stall)}.</p>'
     return stopped + _winner_line(report) + (f"<p>{_e(report.verdict_line)}.</p>" if report.verdict_line else "")
 
 

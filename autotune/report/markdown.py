@@ -41,9 +41,10 @@ def _intro(report: StudyReport) -> list[str]:
 
 def _winner(report: StudyReport) -> list[str]:
     stopped = [f"**Stopped early:** {report.stopped_line}.", ""] if report.stopped_line else []
+    ended = [f"**Search ended early:** {report.search_stall}.", ""] if report.search_stall else []
     if report.winner is None:
         text = report.no_winner_text
-        return ["## Winner", "", *stopped, f"{text[0].upper()}{text[1:]}; see the failures below.", ""]
+        return ["## Winner", "", *stopped, *ended, f"{text[0].upper()}{text[1:]}; see the failures below.", ""]
     gain = report.objective_gain
     change = (
         f", **{gain.change:+.1%}** against the engine defaults"
@@ -52,7 +53,7 @@ def _winner(report: StudyReport) -> list[str]:
     )
     headline = f"`{report.objective}` **{format_number(report.winner_value)}** ({report.winner_runs_text}){change}."
     verdict = [f"Measured side by side with the defaults: {report.verdict_line}.", ""] if report.verdict_line else []
-    return [f"## Winner: trial #{report.winner.number}", "", headline, "", *verdict]
+    return [f"## Winner: trial #{report.winner.number}", "", headline, "", *verdict, *ended]
 
 
 def _change(gain: Gain) -> str:

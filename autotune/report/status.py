@@ -18,7 +18,14 @@ from autotune.report.console import console, metric_cell, print_table, table
 from autotune.report.files import objective_terms
 from autotune.report.launch import engine_config, objective_metric, value_summary
 from autotune.report.simband import modelled_note
-from autotune.report.summary import explain, format_value, launch_counts, no_winner_text, trials_text
+from autotune.report.summary import (
+    explain,
+    format_value,
+    launch_counts,
+    no_winner_text,
+    search_stall,
+    trials_text,
+)
 from autotune.search.job import TuneJob
 from autotune.search.record import (
     StageState,
@@ -196,8 +203,8 @@ def stopped_line(study: optuna.Study) -> str | None:
     ended before its trial budget, when it did."""
     if why := stopped(study):
         return f"stopped: {why['line']}"
-    stalls = [state.stalled for name in ("search", "scenario") if (state := stage_state(study, name)) and state.stalled]
-    return f"search ended early: {stalls[0]}" if stalls else None
+    stall = search_stall(study)
+    return f"search ended early: {stall}" if stall else None
 
 
 def export_note(study: optuna.Study, best: optuna.trial.FrozenTrial) -> str:

@@ -28,6 +28,7 @@ from autotune.search.objective import is_feasible
 from autotune.search.record import (
     WITHDRAWN,
     TrialRecord,
+    stage_state,
     stage_states,
     stopped,
     study_config,
@@ -181,6 +182,7 @@ class StudyReport:
     # study stopped early (an engine that fails whatever the flags), as the tuning loop stored them.
     verdict_line: str = ""
     stopped_line: str = ""
+    search_stall: str = ""  # why a search stage ended before its trial budget
 
     @property
     def winner_value(self) -> float | None:
@@ -258,6 +260,13 @@ def format_value(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value, separators=(",", ":"))
     return str(value)
+
+
+def search_stall(study: optuna.Study) -> str:
+    """Why a search stage ended before its trial budget, as the tuning loop stored it ("" when
+    it ran its budget)."""
+    states = (stage_state(study, name) for name in ("search", "scenario"))
+    return next((state.stalled for state in states if state is not None and state.stalled), "")
 
 
 def trials_text(trials: Sequence[FrozenTrial]) -> str:
@@ -573,4 +582,5 @@ def summarize(study: optuna.Study) -> StudyReport:
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         verdict_line=str((verdict(study) or {}).get("line", "")),
         stopped_line=str((stopped(study) or {}).get("line", "")),
+        search_stall=search_stall(study),
     )

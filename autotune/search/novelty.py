@@ -6,13 +6,16 @@ A repeat run of a search trial finds nothing: the noise it would measure is what
 validation measures, on fresh engines, round by round. So when the sampler proposes a
 configuration measured already, the trial is withdrawn before its engine starts, and a random
 point of the same space that nothing has measured runs instead: the exploration TPE's own start-up
-trials do. Only when no such point turns up in :data:`DRAWS` draws (the space is used up) does the
+trials do. When random draws find none, a space small enough to list is searched point by point;
+once every point of it is measured the search has nothing left to learn and ends (the caller
+says so). Only in a space too large to list, when none of :data:`DRAWS` draws is new, does the
 repeat run.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -21,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import SearchSpace
 from autotune.search.record import trial_records
-from autotune.search.space import draw
+from autotune.search.space import draw, finite_points
 from autotune.search.storage import superseded
 
 __all__ = ["DRAWS", "config_key", "measured", "unmeasured_point"]
@@ -54,11 +57,16 @@ def measured(trials: Iterable[FrozenTrial]) -> dict[str, int]:
 def unmeasured_point(
     space: SearchSpace, is_new: Callable[[dict[str, Any]], bool], study: optuna.Study, seed: int | None
 ) -> dict[str, Any] | None:
-    """Values of ``space`` for a random point that ``is_new`` accepts, or None when none of
-    :data:`DRAWS` draws is."""
+    """Values of ``space`` for a random point that ``is_new`` accepts, or None when there is none.
+
+    Random draws come first: they keep each parameter's scale (a log-scale knob is drawn
+    log-uniformly), as the sampler's own start-up trials do. When :data:`DRAWS` of them found
+    nothing, a space small enough to list (:func:`~autotune.search.space.finite_points`) is
+    searched point by point, so None there means every point was measured."""
     sampler = optuna.samplers.RandomSampler(seed=seed)
     for _ in range(DRAWS):
         values = draw(space, sampler, study)
         if is_new(values):
             return values
-    return None
+    new = [point for point in finite_points(space) or [] if is_new(point)]
+    return random.Random(seed).choice(new) if new else None

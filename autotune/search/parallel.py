@@ -349,13 +349,14 @@ class _Worker:
         self._fill([_Task("scenario", lambda t: trial_record(t).stage == "scenario", quota, start, stall)])
 
     def _search_stall(self, stage: str, quota: int) -> str | None:
-        """Why the search stage may end before ``quota`` (said and recorded once), or None."""
-        directions = self.run.study.directions
-        if not self.job.study.stop_when_done or len(directions) > 1:  # a Pareto front has no one best
-            return None
+        """Why the search stage may end before ``quota`` (said and recorded once), or None:
+        its space was used up (:meth:`StudyRun.end_used_up`), or it stopped improving."""
         state = self.run.stage_state(stage)
         if state is not None and state.stalled:
             return state.stalled
+        directions = self.run.study.directions
+        if not self.job.study.stop_when_done or len(directions) > 1:  # a Pareto front has no one best
+            return None
         noise = self.run.noise_margin()
         why = stall_reason(self.run.finished(stage), directions[0], quota, noise)
         if why is not None:

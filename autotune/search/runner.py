@@ -8,6 +8,7 @@ repeat), a sub-space to sample, and a workload override (the memory probe's peak
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -51,7 +52,7 @@ from autotune.search.record import (
     validation,
     write_trial,
 )
-from autotune.search.space import distribution, fits, suggest, suggest_param
+from autotune.search.space import distribution, finite_points, fits, suggest, suggest_param
 from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded
 from autotune.search.trial import TrialResult, TrialSpec, early_stop_policy, run_trial
 from autotune.search.verdict import paired_gains, paired_verdict
@@ -231,6 +232,8 @@ class StudyRun:
             sample, lambda values: config_key(self.flags({**explicit, **values})) not in seen, self.study, seed
         )
         if point is None:
+            if finite_points(sample) is not None:
+                self.end_used_up(trial, stage, params)
             self.progress.message(f"trial {trial.number} repeats trial {earlier}: every point drawn was measured")
             return trial, params, True
         self._withdraw(trial, f"trial {earlier} measured the configuration it proposed", stage=stage, params=params)
@@ -240,6 +243,15 @@ class StudyRun:
             "tries an unmeasured point instead"
         )
         return replacement, params, False
+
+    def end_used_up(self, trial: optuna.Trial, stage: str, params: dict[str, Any]) -> NoReturn:
+        """End ``stage``: every configuration of its space was measured, so ``trial`` (which
+        proposed one of them again) is withdrawn and the stage is recorded as stalled."""
+        why = f"every configuration of the {stage} space was measured"
+        state = self.stage_state(stage) or StageState()
+        self.set_stage_state(stage, dataclasses.replace(state, done=True, stalled=why))
+        self.progress.message(f"{why}: the {stage} stage ends here")
+        raise Withdrawn(self._withdraw(trial, why, stage=stage, params=params))
 
     def _gives_way(self, number: int, stage: str, flags: dict[str, Any], new_only: bool) -> str | None:
         """Why trial ``number``, its start record stored, must give way to a trial asked before

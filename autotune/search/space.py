@@ -15,7 +15,11 @@ from optuna.distributions import (
 
 from autotune.config import BoolParam, CategoricalParam, FloatParam, IntParam, Param, SearchSpace
 
-__all__ = ["active", "distribution", "draw", "fits", "suggest", "suggest_param"]
+__all__ = ["FINITE_LIMIT", "active", "distribution", "draw", "finite_points", "fits", "suggest", "suggest_param"]
+
+
+#: Points up to which a discrete space is listed point by point (beyond, it is sampled).
+FINITE_LIMIT = 4096
 
 
 def active(param: Param, chosen: dict[str, Any]) -> bool:
@@ -89,3 +93,47 @@ def _resolve(space: SearchSpace, pick: Callable[[str, Param], Any]) -> dict[str,
             if active(param, chosen):
                 chosen[name] = pick(name, param)
     return chosen
+
+
+def _values(param: Param) -> list[Any] | None:
+    """Every value of a discrete parameter, or None for a continuous one."""
+    if isinstance(param, IntParam):
+        return list(range(param.low, param.high + 1, param.step))
+    if isinstance(param, FloatParam):
+        if not param.step:
+            return None
+        count = int((param.high - param.low) / param.step + 1e-9) + 1  # Optuna's high rounds down to the grid
+        return [round(param.low + k * param.step, 10) for k in range(count)]
+    if isinstance(param, CategoricalParam):
+        return list(param.choices)
+    return [False, True]
+
+
+def finite_points(space: SearchSpace, limit: int = FINITE_LIMIT) -> list[dict[str, Any]] | None:
+    """Every point of ``space`` (active parameters only, as :func:`suggest` picks them), or None
+    when a parameter is continuous or there are more than ``limit`` points."""
+    values = {name: _values(param) for name, param in space.params.items()}
+    if any(v is None for v in values.values()):
+        return None
+    points: list[dict[str, Any]] = [{}]
+    for name, param in _dependency_order(space):
+        grown: list[dict[str, Any]] = []
+        for point in points:
+            options = values[name] if active(param, point) else None
+            grown += [{**point, name: v} for v in options] if options else [point]
+            if len(grown) > limit:
+                return None
+        points = grown
+    return points
+
+
+def _dependency_order(space: SearchSpace) -> list[tuple[str, Param]]:
+    """The parameters, each after those its condition names."""
+    order: list[tuple[str, Param]] = []
+    pending = dict(space.params)
+    while pending:
+        ready = [n for n, p in pending.items() if all(c not in pending for c in p.condition or {})]
+        if not ready:
+            raise ValueError(f"search space conditions form a cycle among {sorted(pending)}")
+        order += [(name, pending.pop(name)) for name in ready]
+    return order

@@ -337,15 +337,21 @@ def test_small_real_study_leaves_out_probes_and_explains_missing_importance(tmp_
     assert "for engine defaults and winner: those lines join the recorded percentiles" in page
 
 
-def test_a_withdrawn_trial_is_named_apart_from_the_trials_that_ran(tmp_path: Path) -> None:
+def test_a_withdrawn_trial_and_an_early_end_of_the_search_are_said(tmp_path: Path) -> None:
     b = _Builder(tmp_path, "withdrawn")
     b.add("baseline", "ok", tps=BASELINE_TPS)
     b.add("search", "ok", params=WINNER_PARAMS, tps=1200.0)
     b.add("search", WITHDRAWN, params=WINNER_PARAMS, reason="withdrawn before its engine started: trial 1 ...")
+    b.study.set_user_attr(
+        "stage.search", {"done": True, "stalled": "every configuration of the search space was measured"}
+    )
     html_path, md_path = write_report(b.study, tmp_path / "withdrawn")
+    md, page = md_path.read_text(), html_path.read_text()
     header = "2 trials (baseline 1, search 1); 1 more withdrawn before launch"
-    assert header in md_path.read_text() and header in html_path.read_text()
-    assert "| withdrawn |" not in md_path.read_text()  # it never ran: no failure to explain
+    assert header in md and header in page
+    assert "| withdrawn |" not in md  # it never ran: no failure to explain
+    assert "**Search ended early:** every configuration of the search space was measured." in md
+    assert "Search ended early: every configuration of the search space was measured.</p>" in page
 
 
 def test_study_with_no_feasible_trial_still_reports_its_failures(tmp_path: Path) -> None:

@@ -103,13 +103,30 @@ def test_a_new_proposal_runs_as_sampled(tmp_path: Path) -> None:
     assert len(run.study.trials) == 2
 
 
-def test_when_every_point_was_measured_the_repeat_runs_and_says_so(tmp_path: Path) -> None:
+def test_when_every_point_of_the_space_was_measured_the_stage_ends(tmp_path: Path) -> None:
     run = _run(tmp_path, proposes=32)
     for value in (16, 32, 64):
         _measured_trial(run, value)
+    with pytest.raises(Withdrawn, match="every configuration of the search space was measured"):
+        run.run("search", sample=run.job.space)
+    proposed = run.study.trials[-1]
+    assert trial_record(proposed).outcome == WITHDRAWN and trial_record(proposed).engine_pgid is None
+    state = run.stage_state("search")
+    assert state is not None and state.stalled == "every configuration of the search space was measured"
+    assert "every configuration of the search space was measured: the search stage ends here" in run.progress.lines  # type: ignore[attr-defined]
+
+
+def test_in_a_space_too_large_to_list_a_repeat_runs_when_no_draw_is_new(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _run(tmp_path, proposes=32)
+    _measured_trial(run, 32)
+    monkeypatch.setattr("autotune.search.runner.finite_points", lambda space: None)
+    monkeypatch.setattr("autotune.search.runner.unmeasured_point", lambda *args: None)
     assert _launched(run) == {"max_running": 32}
     assert not [t for t in run.study.trials if trial_record(t).outcome == WITHDRAWN]
-    assert any("repeats trial 1: every point drawn was measured" in line for line in run.progress.lines)  # type: ignore[attr-defined]
+    assert run.stage_state("search") is None
+    assert any("repeats trial 0: every point drawn was measured" in line for line in run.progress.lines)  # type: ignore[attr-defined]
 
 
 def test_of_two_workers_proposing_one_configuration_at_once_the_later_gives_way(tmp_path: Path) -> None:
@@ -159,3 +176,23 @@ def test_unmeasured_point_draws_from_the_space_until_one_is_new() -> None:
     study = optuna.create_study()
     assert unmeasured_point(space, lambda v: v["max_running"] == 64, study, seed=1) == {"max_running": 64}
     assert unmeasured_point(space, lambda v: False, study, seed=1) is None
+
+
+def test_unmeasured_point_lists_a_small_space_when_the_draws_miss() -> None:
+    space = parse_model(SearchSpace, {"params": {"n": {"type": "int", "low": 1, "high": 2000}}}, "space")
+    study = optuna.create_study()
+    draws: list[int] = []
+
+    def only_1234(values: dict[str, Any]) -> bool:
+        draws.append(values["n"])
+        return values["n"] == 1234
+
+    assert unmeasured_point(space, only_1234, study, seed=1) == {"n": 1234}
+    assert 1234 not in draws[:64]  # the random draws missed it; listing the space found it
+
+
+def test_unmeasured_point_in_a_continuous_space_gives_up_after_its_draws() -> None:
+    space = parse_model(SearchSpace, {"params": {"f": {"type": "float", "low": 0.5, "high": 0.9}}}, "space")
+    seen: list[float] = []
+    assert unmeasured_point(space, lambda v: seen.append(v["f"]) or False, optuna.create_study(), seed=1) is None
+    assert len(seen) == 64

@@ -3,7 +3,7 @@
 import optuna
 
 from autotune.config import SearchSpace, parse_model
-from autotune.search.space import suggest
+from autotune.search.space import finite_points, suggest
 
 SPACE = parse_model(
     SearchSpace,
@@ -51,3 +51,31 @@ def test_enqueued_params_are_reproduced() -> None:
     study.enqueue_trial({"memory_fraction": 0.9, "max_running": 64, "batched_tokens": 512, "spec": False})
     params = suggest(study.ask(), SPACE)
     assert params == {"memory_fraction": 0.9, "max_running": 64, "batched_tokens": 512, "spec": False}
+
+
+def test_finite_points_lists_active_parameters_only() -> None:
+    space = parse_model(
+        SearchSpace,
+        {
+            "params": {
+                "spec": {"type": "bool"},
+                "k": {"type": "int", "low": 1, "high": 3, "condition": {"spec": True}},
+                "mem": {"type": "float", "low": 0.80, "high": 0.85, "step": 0.02},  # Optuna's grid ends at 0.84
+            }
+        },
+        "space",
+    )
+    points = finite_points(space)
+    assert points is not None and len(points) == (1 + 3) * 3
+    assert {"spec": False, "mem": 0.84} in points and {"spec": True, "k": 3, "mem": 0.8} in points
+    assert all(("k" in p) == p["spec"] for p in points)
+    assert len({tuple(sorted(p.items())) for p in points}) == len(points)
+
+
+def test_finite_points_gives_up_on_continuous_or_large_spaces() -> None:
+    continuous = parse_model(SearchSpace, {"params": {"f": {"type": "float", "low": 0.5, "high": 0.9}}}, "space")
+    assert finite_points(continuous) is None
+    big = parse_model(SearchSpace, {"params": {"n": {"type": "int", "low": 1, "high": 100}}}, "space")
+    assert finite_points(big, limit=99) is None
+    points = finite_points(big, limit=100)
+    assert points is not None and len(points) == 100

@@ -17,8 +17,9 @@ import pytest
 
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
 from autotune.errors import ConfigError
+from autotune.report.status import stopped_line
 from autotune.search import trial as trial_module
-from autotune.search.record import validation
+from autotune.search.record import WITHDRAWN, validation
 from autotune.search.storage import best_trial, load_study, superseded
 from autotune.search.tune import TuneJob, run_study
 
@@ -108,10 +109,23 @@ def test_unstartable_flags_are_classified_and_never_best(tmp_path: Path) -> None
     job = _job(tmp_path, space, method="search", trials=4, finalists=0, baseline=False)
     run_study(job)
     study = load_study("t", job.storage_url)
-    outcomes = {t.params.get("memory_fraction"): t.user_attrs["outcome"] for t in study.trials}
+    ran = [t for t in study.trials if t.user_attrs["outcome"] != WITHDRAWN]
+    outcomes = {t.params.get("memory_fraction"): t.user_attrs["outcome"] for t in ran}
     assert outcomes.get(0.3) in ("oom_startup", "kv_insufficient")
     best = best_trial(study)
     assert best is None or best.params["memory_fraction"] == 0.9
+
+
+def test_a_used_up_space_ends_the_search_and_says_why(tmp_path: Path) -> None:
+    space = {"params": {"max_running": {"type": "categorical", "choices": [32, 64]}}}
+    job = _job(tmp_path, space, method="search", trials=6, finalists=0)
+    run_study(job)
+    study = load_study("t", job.storage_url)
+    search = [t for t in study.trials if t.user_attrs["stage"] == "search"]
+    ran = [t for t in search if t.user_attrs["outcome"] != WITHDRAWN]
+    assert sorted(t.params["max_running"] for t in ran) == [32, 64]  # each point once, then no more
+    assert all("engine_pgid" not in t.user_attrs for t in search if t not in ran)
+    assert stopped_line(study) == "search ended early: every configuration of the search space was measured"
 
 
 def test_staged_run_finds_the_edge_under_load(tmp_path: Path) -> None:
