@@ -167,7 +167,24 @@ class SearchSpace(StrictModel):
             for other in p.condition or {}:
                 if other not in self.params:
                     raise ValueError(f"params.{name}.condition names unknown parameter {other!r}")
+        self.in_dependency_order()
         return self
+
+    def in_dependency_order(self) -> list[tuple[str, Param]]:
+        """The parameters, each after those its condition names (the order they are picked in).
+
+        Raises:
+            ValueError: When conditions name each other in a cycle.
+        """
+        order: list[tuple[str, Param]] = []
+        pending = dict(self.params)
+        while pending:
+            ready = [n for n, p in pending.items() if all(c not in pending for c in p.condition or {})]
+            if not ready:
+                cycle = ", ".join(sorted(pending))
+                raise ValueError(f"the conditions of params {cycle} name each other in a cycle; drop one of them")
+            order += [(name, pending.pop(name)) for name in ready]
+        return order
 
 
 # -------------------------------------------------------------------------------------- workload

@@ -51,6 +51,15 @@ def test_condition_must_name_a_param(tmp_path: Path) -> None:
     assert "spec" in msg
 
 
+def test_conditions_in_a_cycle_are_refused(tmp_path: Path) -> None:
+    msg = _error(
+        tmp_path,
+        "params:\n  a: {type: bool, condition: {b: true}}\n  b: {type: bool, condition: {a: true}}\n"
+        "  c: {type: int, low: 1, high: 4}\n",
+    )
+    assert "params a, b name each other in a cycle" in msg
+
+
 def test_unknown_slo_metric(tmp_path: Path) -> None:
     msg = _error(tmp_path, "slos: {p95_ttfb_ms: 100}\n", Workload)
     assert "p95_ttfb_ms" in msg

@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 #: CPU cores one trial keeps busy without a GPU: the engine and the load generator.
 CORES_PER_CPU_TRIAL = 2
 _POLL_S = 1.0
-_GATE_POLL_S = 0.1  # a reservation lasts from a slot's ask to its start record: moments
+_GATE_POLL_S = 0.1  # a reservation ends once its trial is admitted: moments (at most START_RECORD_WAIT_S)
 
 
 # ------------------------------------------------------------------------------ group sizes

@@ -83,15 +83,9 @@ def _resolve(space: SearchSpace, pick: Callable[[str, Param], Any]) -> dict[str,
     """Pick every active parameter. Conditions are resolved in dependency order, so a
     parameter whose condition is off is never picked (and so never sent to the engine)."""
     chosen: dict[str, Any] = {}
-    pending = dict(space.params)
-    while pending:
-        ready = [n for n, p in pending.items() if all(c in chosen or c not in pending for c in p.condition or {})]
-        if not ready:
-            raise ValueError(f"search space conditions form a cycle among {sorted(pending)}")
-        for name in ready:
-            param = pending.pop(name)
-            if active(param, chosen):
-                chosen[name] = pick(name, param)
+    for name, param in space.in_dependency_order():
+        if active(param, chosen):
+            chosen[name] = pick(name, param)
     return chosen
 
 
@@ -116,7 +110,7 @@ def finite_points(space: SearchSpace, limit: int = FINITE_LIMIT) -> list[dict[st
     if any(v is None for v in values.values()):
         return None
     points: list[dict[str, Any]] = [{}]
-    for name, param in _dependency_order(space):
+    for name, param in space.in_dependency_order():
         grown: list[dict[str, Any]] = []
         for point in points:
             options = values[name] if active(param, point) else None
@@ -125,15 +119,3 @@ def finite_points(space: SearchSpace, limit: int = FINITE_LIMIT) -> list[dict[st
                 return None
         points = grown
     return points
-
-
-def _dependency_order(space: SearchSpace) -> list[tuple[str, Param]]:
-    """The parameters, each after those its condition names."""
-    order: list[tuple[str, Param]] = []
-    pending = dict(space.params)
-    while pending:
-        ready = [n for n, p in pending.items() if all(c not in pending for c in p.condition or {})]
-        if not ready:
-            raise ValueError(f"search space conditions form a cycle among {sorted(pending)}")
-        order += [(name, pending.pop(name)) for name in ready]
-    return order
