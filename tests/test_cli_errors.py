@@ -94,6 +94,7 @@ CASES = {
 }
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_input_is_one_line_and_touches_nothing(tmp_path: Path, existing: tuple[Path, str], case: str) -> None:
     db, digest = existing

@@ -24,6 +24,7 @@ def test_parallel_and_gpu_lists_parse() -> None:
     assert parse_gpus(None) is None
 
 
+@pytest.mark.sim  # the CLI reads the simulator's error bands (a subprocess) before it checks these
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -40,6 +41,7 @@ def test_bad_scale_options_are_one_line_errors(tmp_path: Path, args: list[str], 
     assert not (tmp_path / "s").exists()  # nothing was created
 
 
+@pytest.mark.sim
 def test_gpus_on_a_machine_without_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FAKE_GPUS_ENV, raising=False)
     monkeypatch.setattr(gpu, "_DEFAULT", [None])
@@ -48,6 +50,7 @@ def test_gpus_on_a_machine_without_gpus(tmp_path: Path, monkeypatch: pytest.Monk
     assert "--gpus was given but NVML finds no GPU" in result.output
 
 
+@pytest.mark.sim
 def test_fake_gpu_spec_errors_reach_the_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAKE_GPUS_ENV, "lots of GPUs")
     monkeypatch.setattr(gpu, "_FAKES", {})

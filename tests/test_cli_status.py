@@ -208,6 +208,7 @@ def _cpu_record(model_dir: Path) -> LaunchRecord:
     )
 
 
+@pytest.mark.sim
 def test_docker_export_of_a_cpu_study_uses_the_cpu_image_and_mounts_the_model(tmp_path: Path) -> None:
     model_dir = tmp_path / "tiny-llama"
     model_dir.mkdir()

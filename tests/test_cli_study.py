@@ -100,12 +100,14 @@ def study(home: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- what a run says
+@pytest.mark.sim
 def test_the_simulator_says_so_in_the_first_line(study: dict[str, Any]) -> None:
     first = study["out"].splitlines()[0]
     assert first.startswith("simulated engine: numbers are modelled"), first
     assert "no --engine, --python or --command was given" in first
 
 
+@pytest.mark.sim
 def test_the_opening_line_counts_what_is_stored(study: dict[str, Any], home: Path, tmp_path: Path) -> None:
     assert study["out"].splitlines()[1].startswith("study s: new, in ")
     copy = tmp_path / "results"
@@ -127,6 +129,7 @@ def _stages(trials: list[Any]) -> dict[str, int]:
     return out
 
 
+@pytest.mark.sim
 def test_env_values_reach_the_engine_verbatim(study: dict[str, Any]) -> None:
     argv = json.loads((study["results"] / "s" / "trials" / "0" / "argv.json").read_text())
     for name, value in ENV.items():
@@ -138,6 +141,7 @@ def _params(study: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {t.number: t.user_attrs.get("params") or {} for t in study["trials"]}
 
 
+@pytest.mark.sim
 def test_trials_table_and_csv_show_values_as_set(study: dict[str, Any], home: Path) -> None:
     proc = run(home, "trials", "s", "--results", str(study["results"]), "--csv", "t.csv")
     assert proc.returncode == 0, proc.stderr
@@ -154,6 +158,7 @@ def test_trials_table_and_csv_show_values_as_set(study: dict[str, Any], home: Pa
     assert "2,048.0" not in proc.stdout and "4,096.0" not in proc.stdout
 
 
+@pytest.mark.sim
 def test_csv_and_parquet_are_both_written(study: dict[str, Any], home: Path, tmp_path: Path) -> None:
     proc = run(home, "trials", "s", "--results", str(study["results"]), "--csv", str(tmp_path / "t.csv"))
     proc = run(
@@ -177,6 +182,7 @@ def test_csv_and_parquet_are_both_written(study: dict[str, Any], home: Path, tmp
             assert table.loc[table["trial"] == number, f"param.{name}"].item() == value
 
 
+@pytest.mark.sim
 def test_status_shows_whole_flags_at_80_columns(study: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     terminal = Console(force_terminal=True, width=80, soft_wrap=True, color_system=None)
     for module in (console_module, status_module):  # the terminal that status prints to
@@ -198,6 +204,7 @@ def test_status_shows_whole_flags_at_80_columns(study: dict[str, Any], monkeypat
 
 
 # ---------------------------------------------------------------------------------- exports
+@pytest.mark.sim
 def test_json_and_yaml_exports_use_the_port_placeholder(study: dict[str, Any], home: Path) -> None:
     best = best_trial(study["study"])
     assert best is not None
@@ -215,6 +222,7 @@ def test_json_and_yaml_exports_use_the_port_placeholder(study: dict[str, Any], h
             assert argv[argv.index(flag) + 1] == str(value)
 
 
+@pytest.mark.sim
 def test_docker_export_is_an_executable_script(study: dict[str, Any], home: Path) -> None:
     out = home / "run.docker.sh"
     proc = run(home, "export", "s", "--results", str(study["results"]), "--format", "docker", "-o", str(out))
@@ -223,6 +231,7 @@ def test_docker_export_is_an_executable_script(study: dict[str, Any], home: Path
     subprocess.run(["bash", "-n", str(out)], check=True)
 
 
+@pytest.mark.sim
 def test_a_copied_results_folder_writes_only_into_the_copy(study: dict[str, Any], home: Path, tmp_path: Path) -> None:
     original = study["results"]
     copy = tmp_path / "copied"
@@ -240,6 +249,7 @@ def test_a_copied_results_folder_writes_only_into_the_copy(study: dict[str, Any]
 
 
 # ----------------------------------------------------------------------------------- resuming
+@pytest.mark.sim
 def test_resume_with_a_changed_workload_says_what_changed(study: dict[str, Any], home: Path) -> None:
     db = study["results"] / "s" / "study.db"
     digest = hashlib.sha256(db.read_bytes()).hexdigest()
@@ -253,6 +263,7 @@ def test_resume_with_a_changed_workload_says_what_changed(study: dict[str, Any],
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
 
 
+@pytest.mark.sim
 def test_resume_with_a_changed_space_says_what_changed(study: dict[str, Any], home: Path) -> None:
     (home / "space2.yaml").write_text(SPACE.replace("high: 64", "high: 32"))
     args = ["space2.yaml" if a == "space.yaml" else a for a in study["args"]]
@@ -262,6 +273,7 @@ def test_resume_with_a_changed_space_says_what_changed(study: dict[str, Any], ho
 
 
 # ------------------------------------------------------------------- runs of their own
+@pytest.mark.sim
 def test_probe_memory_reports_what_its_probes_showed(home: Path) -> None:
     results = home / "probe"
     proc = run(
@@ -302,6 +314,7 @@ def test_probe_memory_reports_what_its_probes_showed(home: Path) -> None:
         assert "too_high" not in verdicts or edge.startswith(f"memory edge: {state['edge']:g} (highest passing"), edge
 
 
+@pytest.mark.sim
 def test_time_budget_ends_the_study_and_says_so(home: Path) -> None:
     results = home / "budget"
     proc = run(
@@ -320,6 +333,7 @@ def test_time_budget_ends_the_study_and_says_so(home: Path) -> None:
     assert "best trial 0 (baseline)" in proc.stdout and "one run" in proc.stdout
 
 
+@pytest.mark.sim
 def test_a_study_whose_every_launch_fails_counts_them(home: Path) -> None:
     results = home / "oom"
     # A 70B model on one simulated 80 GB GPU: every start-up runs out of memory.

@@ -120,6 +120,7 @@ def test_fixed_value_typed_by_the_space_when_the_flag_is_unknown() -> None:
         typed_fixed("vllm", {"--long-threshold-x": "four"}, space)
 
 
+@pytest.mark.sim
 def test_bad_fixed_value_launches_nothing(tmp_path: Path) -> None:
     result = runner.invoke(
         app, ["tune", "--engine", "sim", "--study", "s", "--results", str(tmp_path), "--fixed", "max_num_seqs=abc"]
@@ -157,6 +158,7 @@ def test_space_values_are_checked_against_their_flag(tmp_path: Path, text: str, 
         assert fragment in message, message
 
 
+@pytest.mark.sim
 def test_bad_space_value_from_the_command_line_launches_nothing(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
     space.write_text("params:\n  memory_fraction: {type: float, low: 0.8, high: 1.2}\n")
@@ -195,6 +197,7 @@ def _fake_python(tmp_path: Path, modules: list[str]) -> str:
     return str(script)
 
 
+@pytest.mark.sim
 def test_engine_is_found_from_the_python_it_runs_under(tmp_path: Path) -> None:
     assert infer_engine(_fake_python(tmp_path / "v", ["vllm"]), None) == "vllm"
     assert infer_engine(_fake_python(tmp_path / "s", ["sglang"]), None) == "sglang"
@@ -224,6 +227,7 @@ def test_a_command_that_names_no_engine_asks_for_one() -> None:
         infer_engine(None, "./serve.sh --fast")
 
 
+@pytest.mark.sim
 def test_forgetting_engine_with_a_real_python_does_not_run_the_simulator(tmp_path: Path) -> None:
     python = _fake_python(tmp_path, ["vllm"])
     result = runner.invoke(app, ["tune", "--study", "s", "--results", str(tmp_path), "--python", python])
@@ -233,6 +237,7 @@ def test_forgetting_engine_with_a_real_python_does_not_run_the_simulator(tmp_pat
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.sim
 def test_a_python_without_an_engine_asks_for_engine(tmp_path: Path) -> None:
     python = _fake_python(tmp_path, [])
     result = runner.invoke(app, ["tune", "--study", "s", "--results", str(tmp_path), "--python", python])
@@ -255,6 +260,7 @@ def test_flags_are_shown_as_flags_not_values() -> None:
         assert "<bool>" not in result.output, result.output
 
 
+@pytest.mark.sim
 def test_misspelt_workload_and_space_suggest_the_shipped_name(tmp_path: Path) -> None:
     result = runner.invoke(app, ["tune", "--engine", "sim", "--results", str(tmp_path), "--workload", "chatt"])
     assert result.exit_code == 2

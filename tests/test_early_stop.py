@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from optuna.trial import TrialState
+from simstudy import sim_engine, sim_job
 
 from autotune.bench.earlystop import (
     CANNOT_WIN,
@@ -37,7 +38,7 @@ from autotune.bench.earlystop import (
 )
 from autotune.bench.loadgen import BenchResult, run_workload
 from autotune.bench.metrics import CLIENT, ENGINE, RequestRecord
-from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.config import StudySettings, Workload, parse_model
 from autotune.engines import get_adapter
 from autotune.outcomes import Outcome
 from autotune.search.diagnosis import client_problem
@@ -291,7 +292,7 @@ def test_tune_option_is_stored_with_the_study_config(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- on the simulator
 # A slow modelled clock: at 5× the client reads ~5× fewer tokens a second than at 20×, so a busy
 # 2-core machine does not starve it into client-limited runs.
-SIM_ENV = {"AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SPEEDUP": "5", "AUTOTUNE_SIM_SEED": "0"}
+SPEEDUP = 5
 SIM_WORKLOAD = {
     "name": "early-stop",
     "dataset": {"input_len": 512, "output_len": 128},
@@ -303,30 +304,11 @@ SIM_WORKLOAD = {
 SPACE = {"params": {"max_running": {"type": "int", "low": 2, "high": 256, "log": True}}}
 
 
-def _engine() -> EngineSettings:
-    return parse_model(
-        EngineSettings,
-        {
-            "kind": "vllm",
-            "model": "meta-llama/Llama-3.1-8B-Instruct",
-            "command": [sys.executable, "-m", "autotune_sim", "vllm"],
-            "env": SIM_ENV,
-            "startup_timeout_s": 60,
-            "simulated": True,
-        },
-        "test",
-    )
-
-
 def _job(tmp_path: Path, **study: Any) -> TuneJob:
-    return TuneJob(
-        engine=_engine(),
-        space=parse_model(SearchSpace, SPACE, "space"),
-        workload=parse_model(Workload, SIM_WORKLOAD, "workload"),
-        study=parse_model(StudySettings, {"name": "t", "results_dir": tmp_path, "seed": 1, **study}, "study"),
-    )
+    return sim_job(tmp_path, SPACE, engine=sim_engine(speedup=SPEEDUP), workload=SIM_WORKLOAD, **study)
 
 
+@pytest.mark.sim
 @pytest.mark.slow
 @pytest.mark.parametrize(("slos", "reason"), [({"p95_ttft_ms": 500}, SLO_LOST), ({}, CANNOT_WIN)])
 def test_a_bad_candidate_ends_early_and_never_wins_while_validation_runs_to_its_end(
@@ -378,6 +360,7 @@ def _killer(sig: signal.Signals, after_requests: int) -> tuple[NullProgress, dic
     return Killer(), seen
 
 
+@pytest.mark.sim
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
 def test_an_engine_that_dies_mid_run_is_server_dead_at_once(tmp_path: Path, sig: signal.Signals) -> None:
@@ -403,11 +386,12 @@ def test_an_engine_that_dies_mid_run_is_server_dead_at_once(tmp_path: Path, sig:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(int(seen["pgid"]), follow_up)
     assert "at" in seen, "the run ended before the engine could be stopped"
-    assert result.outcome in (Outcome.CRASH, Outcome.OOM_RUNTIME)
+    assert result.outcome == Outcome.CRASH  # no out-of-memory line in the log: a crash, not an OOM
     assert result.early_stop is not None and result.early_stop["reason"] == SERVER_DEAD, result.early_stop
     assert result.early_stop["at_requests"] < 400
     assert result.reason and "root_cause" in result.facts  # classified from the log, as any crash
-    # From the kill to the classified result (teardown included): well inside the 120 s stall
-    # watchdog and the 300 s request timeout (quiet host: ~2 s killed, ~15 s frozen, the 10 s
-    # SIGTERM grace included; a busy 2-core machine stretches both).
-    assert ended - seen["at"] < 60, result.timings
+    # From the kill to the classified result (teardown included): before the 120 s stall watchdog
+    # could have ended the run (the reason above already says it did not). A quiet host takes
+    # ~2 s killed and ~15 s frozen (the 10 s SIGTERM grace included); a loaded 2-core host
+    # stretches both, so the bound is the watchdog's, not the quiet host's.
+    assert ended - seen["at"] < 120, result.timings

@@ -26,21 +26,24 @@ from typing import Any
 
 import optuna
 import pytest
+from simstudy import MODEL, sim_engine, sim_job
 
 from autotune.bench import prometheus
-from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.config import EngineSettings
 from autotune.engines import get_adapter
-from autotune.engines.base import STARTUP_FATAL, LogEvent
+from autotune.engines.base import LogEvent
 from autotune.engines.rootcause import root_cause
 from autotune.errors import EngineStartupError
 from autotune.outcomes import Outcome
 from autotune.runtime.ports import free_port
 from autotune.runtime.process import EngineProcess
 from autotune.runtime.procfs import pids_in_group
+from autotune.search.objective import is_feasible
+from autotune.search.record import trial_record
 from autotune.search.storage import load_study
 from autotune.search.tune import TuneJob, run_study
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 DIALECTS = ["vllm", "sglang", "sglang-0.5.15"]  # dialect[-release]
 CLI_ENGINE = {"vllm": "sim", "sglang": "sim-sglang"}
@@ -55,7 +58,6 @@ def _release_env(dialect: str) -> dict[str, str]:
     return {"AUTOTUNE_SIM_SGLANG_VERSION": dialect.split("-", 1)[1]} if "-" in dialect else {}
 
 
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 WORKLOAD = {
     "name": "faults",
     "dataset": {"input_len": 256, "output_len": 64},
@@ -66,25 +68,17 @@ WORKLOAD = {
 }
 SPACE = {"params": {"max_running": {"type": "categorical", "choices": [64]}}}
 WAIT_S = 120.0  # bounds a broken run only; the states waited for come in seconds
-CLASSIFY_GOAL_S = 2.0  # fatal line → classified outcome with the process group gone
+# Fatal line → classified outcome with the group gone: under 2 s on a quiet host, the figure
+# benchmarks/classify_latency.py measures. The test only has to tell the supervisor's own kill
+# from the wrapper's 120 s linger, with room for a loaded 2-core host.
+KILLED_NOT_AWAITED_S = 30.0
 
 
 def _engine(
     tmp_path: Path, fault: str, dialect: str = "vllm", startup_timeout_s: float = 60.0, speedup: str = "50"
 ) -> EngineSettings:
-    env = {"AUTOTUNE_SIM_SPEEDUP": speedup, "AUTOTUNE_SIM_FAULT": fault, "AUTOTUNE_TEST_MARK": str(tmp_path)}
-    return parse_model(
-        EngineSettings,
-        {
-            "kind": _kind(dialect),
-            "model": MODEL,
-            "simulated": True,
-            "command": [sys.executable, "-m", "autotune_sim", _kind(dialect)],
-            "env": {**env, **_release_env(dialect)},
-            "startup_timeout_s": startup_timeout_s,
-        },
-        "test",
-    )
+    env = {"AUTOTUNE_SIM_FAULT": fault, "AUTOTUNE_TEST_MARK": str(tmp_path), **_release_env(dialect)}
+    return sim_engine(_kind(dialect), speedup=float(speedup), env=env, startup_timeout_s=startup_timeout_s)
 
 
 @pytest.fixture(autouse=True)
@@ -94,25 +88,8 @@ def no_engine_outlives_its_test(tmp_path: Path, find_engines: Callable[[str, str
 
 
 def _job(tmp_path: Path, engine: EngineSettings, **study: Any) -> TuneJob:
-    return TuneJob(
-        engine=engine,
-        space=parse_model(SearchSpace, SPACE, "space"),
-        workload=parse_model(Workload, WORKLOAD, "workload"),
-        study=parse_model(
-            StudySettings,
-            {
-                "name": "f",
-                "results_dir": tmp_path,
-                "method": "search",
-                "trials": 1,
-                "baseline": False,
-                "finalists": 0,
-                "retries": 0,
-                **study,
-            },
-            "study",
-        ),
-    )
+    settings = {"name": "f", "method": "search", "trials": 1, "baseline": False, "finalists": 0, "retries": 0, **study}
+    return sim_job(tmp_path, SPACE, engine=engine, workload=WORKLOAD, **settings)
 
 
 def _run(tmp_path: Path, engine: EngineSettings, **study: Any) -> list[optuna.trial.FrozenTrial]:
@@ -174,9 +151,16 @@ def test_runtime_faults(
     trials = _run(tmp_path, _engine(tmp_path, fault, dialect), **extra)
     assert [t.user_attrs["outcome"] for t in trials] == [outcome]
     assert reason_has.lower() in trials[0].user_attrs["reason"].lower()
-    if outcome not in ("ok", "slo_violation"):
-        # a failed trial never carries a score that could win
-        assert trials[0].state != optuna.trial.TrialState.COMPLETE or trials[0].values[0] == 0.0
+    if Outcome(outcome).retryable:
+        # A crash or hang says nothing of the flags: told FAIL, with no value at all.
+        assert trials[0].state == optuna.trial.TrialState.FAIL and trials[0].values is None
+    elif outcome not in ("ok", "slo_violation"):
+        # A failure the flags caused is told the objective's worst value (throughput: 0) and an
+        # infeasible constraint, so no direction of the objective can rank it best.
+        assert trials[0].state == optuna.trial.TrialState.COMPLETE and trials[0].values == [0.0]
+        record = trial_record(trials[0])
+        assert record.constraints and all(slack > 0 for slack in record.constraints.values()), record.constraints
+        assert not is_feasible(record.outcome, record.constraints)
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -266,7 +250,7 @@ def test_port_taken_under_the_engine_is_retried_on_a_new_port(
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_fatal_start_is_classified_and_its_group_gone_within_2s(tmp_path: Path, dialect: str) -> None:
+def test_fatal_start_is_classified_and_its_group_killed_not_awaited(tmp_path: Path, dialect: str) -> None:
     """A KV pool too small for the context: the engine prints its fatal line and then — like real
     vLLM, whose shutdown after a failed KV check takes 6-13 s — does not exit. The wrapper keeps
     the group alive after the simulator's own exit, ignoring SIGTERM, so only the supervisor's
@@ -278,19 +262,12 @@ def test_fatal_start_is_classified_and_its_group_gone_within_2s(tmp_path: Path, 
     lingering = ["sh", "-c", '"$@"; trap "" TERM; exec sleep 120', "sh", *spec.argv]
     events: list[LogEvent] = []
 
-    def on_line(line: str) -> bool:  # what a trial does (search/trial.py)
-        event = adapter.parse_log_line(line)
-        if event is None:
-            return False
-        events.append(event)
-        return event.kind in STARTUP_FATAL
-
     engine = EngineProcess(
         lingering,
         {**spec.env, "AUTOTUNE_TEST_MARK": str(tmp_path)},
         tmp_path / "engine.log",
         ready_url=spec.base_url + spec.ready_path,
-        on_line=on_line,
+        on_line=adapter.watch_log(events),
         startup_timeout_s=WAIT_S,
     )
     with engine:
@@ -306,7 +283,7 @@ def test_fatal_start_is_classified_and_its_group_gone_within_2s(tmp_path: Path, 
     assert outcome == Outcome.KV_INSUFFICIENT
     # The grace after the first fatal line let the root cause in (it follows it in the log).
     assert root_cause(events, "").kind == "kv_insufficient"
-    assert took <= CLASSIFY_GOAL_S, f"classification took {took:.2f}s after the fatal line"
+    assert took <= KILLED_NOT_AWAITED_S, f"classification took {took:.2f}s after the fatal line"
 
 
 # ------------------------------------------------------------------------------ the tuner's signals
@@ -326,8 +303,13 @@ def _cli(tmp_path: Path, dialect: str, speedup: str) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM], ids=["ctrl-c", "sighup", "sigterm"])
+# Each signal once and each dialect once: the tuner handles every signal on one path, whatever
+# the engine, and each dialect's engine is torn down the same way whatever the signal.
+@pytest.mark.parametrize(
+    ("sig", "dialect"),
+    [(signal.SIGINT, "vllm"), (signal.SIGHUP, "sglang"), (signal.SIGTERM, "sglang-0.5.15")],
+    ids=["ctrl-c-vllm", "sighup-sglang", "sigterm-sglang-0.5.15"],
+)
 def test_tuner_signal_marks_the_trial_interrupted_and_resume_reruns_it(
     tmp_path: Path, find_engines: Callable[[str, str], list[int]], dialect: str, sig: signal.Signals
 ) -> None:

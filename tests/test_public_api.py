@@ -23,12 +23,14 @@ def test_the_public_names_are_pinned() -> None:
         autotune.tune  # noqa: B018
 
 
+@pytest.mark.sim
 def test_importing_autotune_loads_neither_optuna_nor_pandas() -> None:
     code = "import autotune, sys; print(sorted(m for m in ('optuna', 'pandas') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
+@pytest.mark.sim
 def test_a_study_run_read_back_and_exported_from_python(tmp_path: Path) -> None:
     engine = {
         "kind": "vllm",

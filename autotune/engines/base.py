@@ -563,6 +563,19 @@ class EngineAdapter(ABC):
     def parse_log_line(self, line: str) -> LogEvent | None:
         """Turn one engine log line into an event, or None when it says nothing we use."""
 
+    def watch_log(self, events: list[LogEvent]) -> Callable[[str], bool]:
+        """An ``on_line`` for :class:`~autotune.runtime.process.EngineProcess`: each line this
+        adapter understands is appended to ``events``; True when it ends the start-up wait."""
+
+        def on_line(line: str) -> bool:
+            event = self.parse_log_line(line)
+            if event is None:
+                return False
+            events.append(event)
+            return event.kind in STARTUP_FATAL
+
+        return on_line
+
     @abstractmethod
     def classify_failure(self, returncode: int | None, events: list[LogEvent]) -> Outcome:
         """Outcome of a launch that never became ready (exit code and the events seen)."""

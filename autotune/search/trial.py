@@ -39,7 +39,7 @@ from autotune.bench.instruments import run_engine_client
 from autotune.bench.loadgen import BenchProgress, run_workload_sync
 from autotune.bench.stability import throughput_interval
 from autotune.config import CAPACITY_KEY, StudySettings, Workload
-from autotune.engines.base import STARTUP_FATAL, EngineAdapter, EventKind, LaunchSpec, LogEvent, startup_split
+from autotune.engines.base import EngineAdapter, EventKind, LaunchSpec, LogEvent, startup_split
 from autotune.engines.rootcause import root_cause
 from autotune.errors import (
     AutotuneError,
@@ -218,13 +218,6 @@ class _Trial:
         self.timings: dict[str, float] = {}
         spec.trial_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = spec.trial_dir / "engine.log"
-
-    def on_line(self, line: str) -> bool:
-        event = self.adapter.parse_log_line(line)
-        if event is None:
-            return False
-        self.events.append(event)
-        return event.kind in STARTUP_FATAL
 
     def launch_spec(self) -> LaunchSpec:
         flags = {**self.spec.flags, **self.spec.launch_flags}
@@ -534,7 +527,7 @@ def run_trial(
             ready_url=launch.base_url + launch.ready_path,
             ready_fallback_url=launch.base_url + launch.ready_fallback if launch.ready_fallback else None,
             health_url=launch.base_url + adapter.health_path,
-            on_line=t.on_line,
+            on_line=t.adapter.watch_log(t.events),
             startup_timeout_s=adapter.settings.startup_timeout_s,
         )
         t.proc = proc

@@ -15,6 +15,7 @@ def invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.sim
 def test_unreachable_url_is_one_line(tmp_path: Path) -> None:
     w = tmp_path / "w.yaml"
     w.write_text("num_prompts: 1\n")

@@ -12,6 +12,8 @@ import pytest
 
 from autotune.bench.gauges import GaugeSampler
 
+pytestmark = pytest.mark.sim
+
 # Each read serves the next of these (full pool, SWA pool, queue); the last repeats.
 READS = [(0.10, 0.30, 0), (0.50, 0.20, 4), (0.40, 0.90, 2)]
 

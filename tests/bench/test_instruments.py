@@ -103,6 +103,7 @@ json.dump({{"num_prompts": 50, "completed": 50, "output_throughput": 123.0, "p95
 """
 
 
+@pytest.mark.sim
 def test_run_engine_client_returns_the_saved_metrics(tmp_path: Path) -> None:
     fake = tmp_path / "python"
     fake.write_text(FAKE_CLIENT.format(python=sys.executable))
@@ -112,6 +113,7 @@ def test_run_engine_client_returns_the_saved_metrics(tmp_path: Path) -> None:
                    "error_rate": 0.0}  # fmt: skip
 
 
+@pytest.mark.sim
 def test_a_failing_client_is_one_line_benchmark_error(tmp_path: Path) -> None:
     # This venv has no vLLM: the client's import fails.
     with pytest.raises(BenchmarkError) as err:

@@ -190,6 +190,7 @@ def test_model_is_discovered_from_v1_models(fake: FakeOpenAI) -> None:
     assert fake.bodies[-1]["model"] == "served-name"
 
 
+@pytest.mark.sim
 def test_unreachable_server_is_a_benchmark_error() -> None:
     with pytest.raises(BenchmarkError, match=r"^cannot reach http://127\.0\.0\.1:9/v1/models"):
         run_workload_sync("http://127.0.0.1:9", workload())

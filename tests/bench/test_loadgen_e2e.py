@@ -6,11 +6,14 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from fake_openai import MergingTokenizer
 
 from autotune.bench.loadgen import BenchResult, run_workload
 from autotune.bench.prometheus import delta, scrape_async
 from autotune.config import Arrival, Dataset, Workload
+
+pytestmark = pytest.mark.sim
 
 METRICS = """# TYPE fake:requests counter
 fake:requests_total{{model_name="tiny"}} {n}.0

@@ -76,6 +76,7 @@ def test_delta_treats_a_decrease_as_a_counter_reset() -> None:
     assert prom.delta(before, {"c_total": 5.0}, "c") == 5.0
 
 
+@pytest.mark.sim
 def test_scrape_uses_the_metrics_route_and_errors_are_one_line() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/metrics"

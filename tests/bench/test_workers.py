@@ -20,6 +20,7 @@ from autotune.errors import BenchmarkError
 pytestmark = pytest.mark.slow  # each run spawns interpreters (about a second each here)
 
 
+@pytest.mark.sim
 def test_sharded_run_merges_every_record_on_one_clock() -> None:
     server = TinyServer(token_delay_s=0.002)
     w = parse_model(
@@ -55,6 +56,7 @@ def test_sharded_run_merges_every_record_on_one_clock() -> None:
     assert peak <= 6  # the per-worker caps add up to the workload's cap
 
 
+@pytest.mark.sim
 def test_a_failing_worker_is_one_benchmark_error() -> None:
     bad = Session((Turn({"not", "json"}, 1, 1),))  # type: ignore[arg-type]  # a body that cannot serialize
     job = WorkerJob(

@@ -25,7 +25,7 @@ from autotune.config import Arrival, Workload, load_yaml, parse_model
 from autotune.runtime.ports import free_port
 from autotune.runtime.process import EngineProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEEDUP = 10.0

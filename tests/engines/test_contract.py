@@ -90,7 +90,7 @@ def test_a_served_trial_is_ready_measured_versioned_and_torn_down(
     assert str(facts["engine_version"]).startswith(target.version)
     assert facts["kv_tokens"] > 0
     assert facts["generation_tokens"] >= WORKLOAD["num_prompts"] * WORKLOAD["dataset"]["output_len"]
-    assert facts["ready_route"] in ("/ready", "/health")
+    assert facts["ready_route"] == target.ready_route
     assert result.metrics["completed"] == WORKLOAD["num_prompts"]
     assert result.engine_pids and not [p for p in result.engine_pids if _alive(p)]
 

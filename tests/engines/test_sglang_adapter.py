@@ -51,12 +51,14 @@ def events_of(log_name: str) -> list[LogEvent]:
 
 
 # ---------------------------------------------------------------------------- knob spelling
+@pytest.mark.sim
 @pytest.mark.parametrize(("version", "flag"), [(OLD, "--cuda-graph-max-bs"), (NEW, "--cuda-graph-max-bs-decode")])
 def test_cuda_graph_knob_takes_the_installed_versions_spelling(version: str, flag: str) -> None:
     flags = make_adapter(version).to_flags({"cuda_graph_max_bs": 512})
     assert flags == {flag: 512}
 
 
+@pytest.mark.sim
 def test_portable_knobs_map_to_sglang_flags(any_version: str) -> None:
     flags = make_adapter(any_version).to_flags(
         {"memory_fraction": 0.88, "max_running": 128, "batched_tokens": 4096, "context_len": 8192}
@@ -69,37 +71,44 @@ def test_portable_knobs_map_to_sglang_flags(any_version: str) -> None:
     }
 
 
+@pytest.mark.sim
 def test_raw_flag_names_are_canonicalised_and_values_kept(any_version: str) -> None:
     flags = make_adapter(any_version).to_flags({"schedule_conservativeness": 0.3, "--schedule-policy": "lpm"})
     assert flags == {"--schedule-conservativeness": 0.3, "--schedule-policy": "lpm"}
 
 
+@pytest.mark.sim
 def test_space_check_with_unsampled_values_keeps_none(any_version: str) -> None:
     # The study checks every flag of a space before sampling, with None as the value.
     flags = make_adapter(any_version).to_flags({"cuda_graph_max_bs": None, "memory_fraction": None})
     assert set(flags.values()) == {None}
 
 
+@pytest.mark.sim
 def test_unique_prefix_is_expanded_like_sglangs_argparse(any_version: str) -> None:
     flags = make_adapter(any_version).to_flags({"--tp": 4, "--speculative-algo": "EAGLE"})
     assert flags == {"--tp-size": 4, "--speculative-algorithm": "EAGLE"}
 
 
+@pytest.mark.sim
 def test_ambiguous_prefix_is_refused_with_candidates() -> None:
     with pytest.raises(InvalidFlags, match=r"--cuda-graph-backend is ambiguous.*decode.*prefill"):
         make_adapter(NEW).to_flags({"--cuda-graph-backend": "disabled"})
 
 
+@pytest.mark.sim
 def test_knob_and_raw_flag_for_the_same_flag_are_refused() -> None:
     with pytest.raises(InvalidFlags, match="both set --mem-fraction-static"):
         make_adapter(NEW).to_flags({"memory_fraction": 0.8, "mem_fraction_static": 0.9})
 
 
+@pytest.mark.sim
 def test_vllm_only_knob_name_is_refused(any_version: str) -> None:
     with pytest.raises(InvalidFlags, match="portable knobs"):
         make_adapter(any_version).to_flags({"tp": 2})
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize(
     ("knob", "value", "expected"),
     [
@@ -117,6 +126,7 @@ def test_more_portable_knobs(knob: str, value: object, expected: dict[str, objec
     assert make_adapter(any_version).to_flags({knob: value}) == expected
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize(
     ("version", "expected"),
     [
@@ -132,6 +142,7 @@ def test_enforce_eager_avoids_the_deprecated_flag_where_it_can(version: str, exp
     assert all(flag in argv for flag in expected)
 
 
+@pytest.mark.sim
 def test_prefix_caching_on_renders_nothing() -> None:
     adapter = make_adapter(NEW)
     argv = adapter.build_launch(adapter.to_flags({"prefix_caching": True}), 31000).argv
@@ -151,28 +162,33 @@ RENAMED_MSG = (
 )
 
 
+@pytest.mark.sim
 def test_removed_flag_against_new_sglang_names_its_replacement_in_to_flags() -> None:
     with pytest.raises(InvalidFlags) as err:
         make_adapter(NEW).to_flags({"memory_fraction": 0.9, "--cuda-graph-max-bs": 512})
     assert str(err.value) == RENAMED_MSG
 
 
+@pytest.mark.sim
 def test_removed_flag_against_new_sglang_names_its_replacement_in_validate() -> None:
     with pytest.raises(InvalidFlags) as err:
         make_adapter(NEW).validate_flags(["--mem-fraction-static", "--cuda-graph-max-bs"])
     assert str(err.value) == RENAMED_MSG
 
 
+@pytest.mark.sim
 def test_new_spelling_against_old_sglang_points_to_the_knob() -> None:
     with pytest.raises(InvalidFlags, match=r"only exists from SGLang 0.5.15.*`--cuda-graph-max-bs`.*cuda_graph_max_bs"):
         make_adapter(OLD).to_flags({"--cuda-graph-max-bs-decode": 256})
 
 
+@pytest.mark.sim
 def test_removed_batch_size_list_flag_names_the_decode_list() -> None:
     with pytest.raises(InvalidFlags, match=r"`--cuda-graph-bs` was renamed to `--cuda-graph-bs-decode`"):
         make_adapter(NEW).to_flags({"cuda_graph_bs": [1, 2, 4]})
 
 
+@pytest.mark.sim
 def test_old_spelling_is_fine_on_old_sglang() -> None:
     adapter = make_adapter(OLD)
     flags = adapter.to_flags({"--cuda-graph-max-bs": 512, "--cuda-graph-bs": [1, 2, 4]})
@@ -180,6 +196,7 @@ def test_old_spelling_is_fine_on_old_sglang() -> None:
     assert flags == {"--cuda-graph-max-bs": 512, "--cuda-graph-bs": [1, 2, 4]}
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize(
     ("flag", "advice", "since"),
     [
@@ -199,12 +216,14 @@ def test_deprecated_flag_warns_once_and_is_accepted(
     assert flag in warnings[0] and f"since SGLang {since}" in warnings[0] and advice in warnings[0]
 
 
+@pytest.mark.sim
 def test_deprecated_flags_are_current_on_old_sglang(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="autotune.engines.sglang"):
         make_adapter(OLD).validate_flags(["--disable-cuda-graph", "--enable-dp-attention"])
     assert not caplog.records
 
 
+@pytest.mark.sim
 def test_unknown_flag_names_the_closest_spelling(any_version: str) -> None:
     with pytest.raises(
         InvalidFlags, match=r"sglang does not accept --max-running-request: did you mean --max-running-requests\?"
@@ -212,6 +231,7 @@ def test_unknown_flag_names_the_closest_spelling(any_version: str) -> None:
         make_adapter(any_version).validate_flags(["--max-running-request"])
 
 
+@pytest.mark.sim
 def test_help_is_run_once_per_adapter(tmp_path: Path) -> None:
     counter = tmp_path / "calls"
     code = f"open({str(counter)!r}, 'a').write('x'); " + PRINT_FILE
@@ -223,12 +243,14 @@ def test_help_is_run_once_per_adapter(tmp_path: Path) -> None:
     assert counter.read_text() == "x"
 
 
+@pytest.mark.sim
 def test_missing_engine_command_is_one_actionable_line() -> None:
     settings = EngineSettings(kind="sglang", model="m", command=["/nonexistent/python3"])
     with pytest.raises(InvalidFlags, match=r"engine command not found.*engine\.python or engine\.command"):
         SglangAdapter(settings).to_flags({"memory_fraction": 0.9})
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("space", ["sglang-throughput.yaml", "sglang-latency.yaml"])
 def test_shipped_spaces_are_valid_flags_on_old_and_new_sglang(space: str, any_version: str) -> None:
     loaded = load_yaml(SPACES / space, SearchSpace)
@@ -240,6 +262,7 @@ def test_shipped_spaces_are_valid_flags_on_old_and_new_sglang(space: str, any_ve
 
 
 # ----------------------------------------------------------------------------------- launch
+@pytest.mark.sim
 def test_launch_has_model_address_metrics_and_flags(any_version: str) -> None:
     adapter = make_adapter(any_version, env={"SGLANG_LOG_MS": "1"})
     flags = adapter.to_flags({"memory_fraction": 0.85, "cuda_graph_max_bs": 512, "--disable-radix-cache": True})
@@ -257,6 +280,7 @@ def test_launch_has_model_address_metrics_and_flags(any_version: str) -> None:
     assert spec.base_url == "http://127.0.0.1:31234"
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("version", [NEW, OLD])
 def test_readiness_is_never_v1_models(version: str) -> None:
     # Whether the release serves /ready is decided on its first answer (404: /health instead).
@@ -265,6 +289,7 @@ def test_readiness_is_never_v1_models(version: str) -> None:
     assert SglangAdapter.health_path == "/health"
 
 
+@pytest.mark.sim
 def test_false_store_true_flag_is_left_out_not_negated() -> None:
     adapter = make_adapter(NEW)
     argv = adapter.build_launch({"--disable-radix-cache": False, "--enable-metrics": True}, 31000).argv
@@ -272,12 +297,14 @@ def test_false_store_true_flag_is_left_out_not_negated() -> None:
     assert argv.count("--enable-metrics") == 1
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("flag", ["--port", "--host", "--model-path", "--model"])
 def test_tuner_owned_flags_are_refused(flag: str) -> None:
     with pytest.raises(InvalidFlags, match=f"{flag} cannot be tuned or fixed"):
         make_adapter(NEW).build_launch({flag: "x"}, 31000)
 
 
+@pytest.mark.sim
 def test_fixed_flags_reach_every_launch_and_trial_flags_win() -> None:
     adapter = make_adapter(NEW, fixed_flags={"tp_size": 4, "memory_fraction": 0.8})
     argv = adapter.build_launch({"--mem-fraction-static": 0.9}, 31000).argv
@@ -717,18 +744,21 @@ def info_server() -> Iterator[tuple[str, type[_InfoHandler]]]:
         server.server_close()
 
 
+@pytest.mark.sim
 def test_resolved_args_reads_server_info(info_server: tuple[str, type[_InfoHandler]]) -> None:
     url, handler = info_server
     handler.routes["/server_info"] = (200, {"mem_fraction_static": 0.83, "version": "0.5.23"})
     assert make_adapter(NEW).resolved_args(url)["mem_fraction_static"] == 0.83
 
 
+@pytest.mark.sim
 def test_resolved_args_falls_back_to_the_old_endpoint(info_server: tuple[str, type[_InfoHandler]]) -> None:
     url, handler = info_server
     handler.routes["/get_server_info"] = (200, {"mem_fraction_static": 0.88})
     assert make_adapter(OLD).resolved_args(url + "/") == {"mem_fraction_static": 0.88}
 
 
+@pytest.mark.sim
 def test_resolved_args_errors_are_one_line(info_server: tuple[str, type[_InfoHandler]]) -> None:
     url, handler = info_server
     with pytest.raises(EngineError, match="neither /server_info nor /get_server_info"):
@@ -790,6 +820,7 @@ def test_the_weight_cache_daemon_needs_0_5_23_and_a_command_that_names_sglang(tm
     assert plain.weight_cache_unsupported("0.5.23") is None
 
 
+@pytest.mark.sim
 def test_one_standalone_daemon_per_engine_ready_when_every_gpu_marked_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

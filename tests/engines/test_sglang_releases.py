@@ -96,6 +96,7 @@ KNOB_VALUES: dict[str, Any] = {
 }
 
 
+@pytest.mark.sim
 def test_every_knob_renders_flags_the_release_accepts_in_their_current_spelling(
     release: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -123,6 +124,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 
 
+@pytest.mark.sim
 def test_readiness_is_polled_on_a_route_the_release_serves(release: dict[str, Any], tmp_path: Path) -> None:
     spec = adapter_for(release, tmp_path).build_launch({}, free_port())
     argv = [sys.executable, "-c", FAKE_SERVER, str(spec.port), json.dumps(release["routes"])]

@@ -55,6 +55,7 @@ def test_plain_help_usage_block_alone_lists_options() -> None:
     assert {"--max-num-seqs", "--enable-chunked-prefill", "--no-enable-chunked-prefill"} <= flags
 
 
+@pytest.mark.sim
 def test_discovery_runs_help_all_and_refuses_typos_with_a_suggestion() -> None:
     adapter = make_adapter()
     assert "--max-num-seqs" in adapter.discover_flags()
@@ -88,6 +89,7 @@ def test_portable_knobs_map_to_vllm_flags() -> None:
 
 
 # --------------------------------------------------------------------------------------- launch
+@pytest.mark.sim
 def test_module_launch_passes_model_as_option_and_renders_flags() -> None:
     adapter = make_adapter(env={"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "0"}, fixed_flags={"enforce_eager": True})
     spec = adapter.build_launch({"--max-num-seqs": 32, "--enable-prefix-caching": False}, 18123)
@@ -115,6 +117,7 @@ def test_default_prefix_runs_the_api_server_module() -> None:
     assert adapter.launch_prefix() == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
 
 
+@pytest.mark.sim
 def test_vllm_serve_command_takes_the_model_positionally() -> None:
     adapter = make_adapter()
     adapter._flagset = adapter.discover_flags()
@@ -125,6 +128,7 @@ def test_vllm_serve_command_takes_the_model_positionally() -> None:
     assert "--model" not in argv
 
 
+@pytest.mark.sim
 def test_fixed_flags_are_overridden_by_trial_flags() -> None:
     adapter = make_adapter(fixed_flags={"max_num_seqs": 16, "--block-size": 32})
     argv = adapter.build_launch({"--max-num-seqs": 64}, 8001).argv
@@ -133,6 +137,7 @@ def test_fixed_flags_are_overridden_by_trial_flags() -> None:
     assert argv[argv.index("--block-size") + 1] == "32"
 
 
+@pytest.mark.sim
 def test_false_renders_no_x_or_the_disable_partner_of_newer_versions() -> None:
     adapter = make_adapter()
     adapter.discover_flags()

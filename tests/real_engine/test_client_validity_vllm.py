@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiers import unavailable
 
 from autotune.bench import prometheus
 from autotune.bench.loadgen import run_workload_sync
@@ -48,7 +49,7 @@ RUN_DEADLINE_S = 600.0  # bounds a broken run only; a healthy one takes ~30 s
 def cpus() -> CpuPartition:
     part = plan_partition()
     if part is None:
-        pytest.skip("needs at least 2 cores and taskset, to keep the engine and the client apart")
+        unavailable("needs at least 2 cores and taskset, to keep the engine and the client apart")
     return part
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from tiers import unavailable
 
 from autotune.runtime.hostmem import GIB, node_memory
 
@@ -53,9 +54,9 @@ def test_memory_edge_probes_node_memory_on_real_vllm_cpu(
 ) -> None:
     host = node_memory()
     if 0.02 * host.total > 2 * GIB:  # 0.02 would start here: nothing low enough to be refused
-        pytest.skip(f"node memory {host.total / GIB:.0f} GiB: the 0.02 grid's lowest point starts on this host")
+        unavailable(f"node memory {host.total / GIB:.0f} GiB: the 0.02 grid's lowest point starts on this host")
     if host.available < 6 * GIB:
-        pytest.skip(f"only {host.available / GIB:.1f} GiB available: the probes need ~3 GiB and the margin 2")
+        unavailable(f"only {host.available / GIB:.1f} GiB available: the probes need ~3 GiB and the margin 2")
     (tmp_path / "wl.yaml").write_text(WORKLOAD)
     results = tmp_path / "results"
     marker = f"edge-{os.getpid()}"

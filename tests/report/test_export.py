@@ -41,6 +41,7 @@ def _run_script(tmp_path: Path, text: str, argv0_replacement: list[str]) -> list
     return json.loads(out.stdout)
 
 
+@pytest.mark.sim
 def test_bash_round_trips_argv_with_port_variable(tmp_path: Path) -> None:
     rec = LaunchRecord(study="s", trial=3, argv=ARGV, env={"VLLM_NO_USAGE_STATS": "1"})
     _, text = render(rec, "bash")
@@ -69,6 +70,7 @@ hostile = st.one_of(
 )
 
 
+@pytest.mark.sim
 @settings(max_examples=40, deadline=None)
 @given(model=hostile, value=hostile, env_value=hostile, summary=hostile)
 def test_hostile_values_stay_literal(
@@ -108,6 +110,7 @@ ENGINE_ARGS = [
 FLAGS = {"--max-num-seqs": 256, "--tensor-parallel-size": 2}
 
 
+@pytest.mark.sim
 def test_docker_carries_the_trial_flags_on_the_official_image() -> None:
     rec = LaunchRecord(
         study="s",

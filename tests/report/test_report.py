@@ -213,6 +213,7 @@ def full(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ the numbers
+@pytest.mark.sim
 def test_winner_is_measured_by_the_median_of_its_validation_runs(full: dict[str, Any]) -> None:
     report = summarize(load_study(STUDY, default_storage_url(full["results"], STUDY)))
     assert report.winner is not None and report.winner.number == full["ids"]["winner"]
@@ -228,6 +229,7 @@ def test_winner_is_measured_by_the_median_of_its_validation_runs(full: dict[str,
     assert ttft.change == pytest.approx(700.0 / 600.0 - 1) and ttft.improved is False  # slower first token
 
 
+@pytest.mark.sim
 def test_flags_table_puts_the_changed_flags_first(full: dict[str, Any]) -> None:
     report = summarize(load_study(STUDY, default_storage_url(full["results"], STUDY)))
     flags = {r.flag: r for r in report.flags}
@@ -237,6 +239,7 @@ def test_flags_table_puts_the_changed_flags_first(full: dict[str, Any]) -> None:
     assert report.flags[-1].flag == "--max-model-len"
 
 
+@pytest.mark.sim
 def test_latency_cdfs_pool_successful_requests_and_fall_back_to_percentiles(full: dict[str, Any]) -> None:
     report = summarize(load_study(STUDY, default_storage_url(full["results"], STUDY)))
     winner, baseline = report.cdfs["winner"], report.cdfs["baseline"]
@@ -247,6 +250,7 @@ def test_latency_cdfs_pool_successful_requests_and_fall_back_to_percentiles(full
     assert baseline.ttft == ([360.0, 540.0, 600.0, 780.0], [0.5, 0.9, 0.95, 0.99])
 
 
+@pytest.mark.sim
 def test_probes_under_their_own_load_stay_off_the_pareto_plot(full: dict[str, Any]) -> None:
     report = summarize(load_study(STUDY, default_storage_url(full["results"], STUDY)))
     figure = pareto(report).figure
@@ -260,6 +264,7 @@ def test_probes_under_their_own_load_stay_off_the_pareto_plot(full: dict[str, An
 
 
 # --------------------------------------------------------------------------------------- the page
+@pytest.mark.sim
 def test_html_has_every_plot_once_and_opens_offline(full: dict[str, Any]) -> None:
     page = full["html"]
     for plot_id in PLOT_IDS:
@@ -282,6 +287,7 @@ def _rows_by_trial(table: str) -> dict[int, str]:
     return rows
 
 
+@pytest.mark.sim
 def test_html_failure_table_explains_each_failure_with_its_log(full: dict[str, Any]) -> None:
     page = full["html"]
     table = page[page.index('id="failure-table"') :]
@@ -302,6 +308,7 @@ def test_html_failure_table_explains_each_failure_with_its_log(full: dict[str, A
     assert ids["winner"] not in by_trial and ids["baseline"] not in by_trial
 
 
+@pytest.mark.sim
 def test_html_lists_engine_facts_per_trial(full: dict[str, Any]) -> None:
     page = full["html"]
     facts = page[page.index('id="facts-table"') :]
@@ -310,6 +317,7 @@ def test_html_lists_engine_facts_per_trial(full: dict[str, Any]) -> None:
     assert facts.count("120,000") >= 5
 
 
+@pytest.mark.sim
 def test_markdown_has_the_gain_table_flags_and_failures(full: dict[str, Any]) -> None:
     md = full["md"]
     assert "> **Simulated engine: numbers are modelled**" in md
@@ -337,6 +345,7 @@ def test_small_real_study_leaves_out_probes_and_explains_missing_importance(tmp_
     assert "for engine defaults and winner: those lines join the recorded percentiles" in page
 
 
+@pytest.mark.sim
 def test_a_withdrawn_trial_and_an_early_end_of_the_search_are_said(tmp_path: Path) -> None:
     b = _Builder(tmp_path, "withdrawn")
     b.add("baseline", "ok", tps=BASELINE_TPS)
@@ -354,6 +363,7 @@ def test_a_withdrawn_trial_and_an_early_end_of_the_search_are_said(tmp_path: Pat
     assert "Search ended early: every configuration of the search space was measured.</p>" in page
 
 
+@pytest.mark.sim
 def test_study_with_no_feasible_trial_still_reports_its_failures(tmp_path: Path) -> None:
     b = _Builder(tmp_path, "broken")
     b.add("baseline", "oom_startup", reason=OOM_LINE)
@@ -369,6 +379,7 @@ def test_study_with_no_feasible_trial_still_reports_its_failures(tmp_path: Path)
 
 
 # --------------------------------------------------------------------------------------- the CLI
+@pytest.mark.sim
 def test_cli_report_writes_both_files(full: dict[str, Any], tmp_path: Path) -> None:
     results = tmp_path / "results"
     shutil.copytree(full["results"], results)
@@ -413,6 +424,7 @@ def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedPr
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.sim
 @pytest.mark.slow
 def test_report_renders_every_plot_in_a_headless_browser(chromium: str, full: dict[str, Any], tmp_path: Path) -> None:
     done = _headless(chromium, tmp_path / "profile", "--dump-dom", full["path"].resolve().as_uri())

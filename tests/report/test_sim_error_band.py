@@ -67,6 +67,7 @@ def _study(results: Path, name: str, simulated: bool) -> optuna.Study:
     return st
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("simulated", [True, False])
 def test_status_names_the_validated_band_only_for_a_simulated_study(tmp_path: Path, simulated: bool) -> None:
     _study(tmp_path, "s", simulated)
@@ -79,6 +80,7 @@ def test_status_names_the_validated_band_only_for_a_simulated_study(tmp_path: Pa
         assert "modelled" not in result.output and "validated error" not in result.output
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("simulated", [True, False])
 def test_report_banner_carries_every_shown_band_only_when_simulated(tmp_path: Path, simulated: bool) -> None:
     st = _study(tmp_path, "r", simulated)
@@ -92,6 +94,7 @@ def test_report_banner_carries_every_shown_band_only_when_simulated(tmp_path: Pa
         assert shown is simulated, text[:600]
 
 
+@pytest.mark.sim
 def test_live_view_of_a_simulated_run_names_the_band() -> None:
     assert _decode_phrase() in LiveProgress(Console(), simulated=True).modelled
     assert LiveProgress(Console(), simulated=False).modelled == ""
@@ -103,6 +106,7 @@ def test_a_failing_band_command_says_so_instead_of_a_number(monkeypatch: pytest.
     assert "unavailable" in simband.report_sentence()
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("simulated", [True, False])
 def test_an_exported_script_carries_the_band_only_when_simulated(simulated: bool) -> None:
     from autotune.report.export import LaunchRecord, to_bash

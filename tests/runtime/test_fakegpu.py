@@ -88,6 +88,7 @@ def _wait_seen(backend: FakeBackend, clock: Clock, index: int) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.sim
 def test_an_engine_holds_its_devices_until_its_process_is_gone(make_engine: Callable[..., EngineProcess]) -> None:
     spec = "4xH100-80GB;box=hold"
     clock = Clock()
@@ -105,6 +106,7 @@ def test_an_engine_holds_its_devices_until_its_process_is_gone(make_engine: Call
     assert backend.info(1).memory_used == IDLE_BYTES
 
 
+@pytest.mark.sim
 def test_memory_lingers_after_the_engine_exits(make_engine: Callable[..., EngineProcess]) -> None:
     spec = "2xH100-80GB;linger=1;box=linger"
     clock = Clock()
@@ -121,6 +123,7 @@ def test_memory_lingers_after_the_engine_exits(make_engine: Callable[..., Engine
     wait_memory_at_most({0: 2 * GIB}, timeout_s=5, poll_s=0.01, backend=backend)  # returns at once
 
 
+@pytest.mark.sim
 def test_other_boxes_and_unmarked_processes_are_invisible(make_engine: Callable[..., EngineProcess]) -> None:
     clock = Clock()
     mine = FakeBackend.from_spec("2xH100-80GB;box=mine", clock=clock)

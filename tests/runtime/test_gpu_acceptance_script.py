@@ -15,7 +15,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-acceptance.sh"
 CHECKS = ("list_gpus", "memory_used_by_pid", "wait_pids_released", "wait_memory_at_most")
 
-pytestmark = pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="an NVIDIA GPU is present")
+pytestmark = [pytest.mark.sim, pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="an NVIDIA GPU is present")]
 
 
 def run_script(**env: str) -> subprocess.CompletedProcess[str]:

@@ -79,6 +79,7 @@ def driver(tmp_path: Path) -> Iterator[Callable[..., tuple[subprocess.Popen[str]
         send_group(pgid, signal.SIGKILL)  # a no-op when the guard did its job
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize(
     "options",
     [(), ("--orphan", "--ignore-term")],
@@ -123,6 +124,7 @@ def test_engine_group_is_gone_within_5s_of_a_sigkilled_tuner(
     assert not exists, "the killed engine's /dev/shm segment was left behind"
 
 
+@pytest.mark.sim
 def test_engine_launched_from_a_thread_that_ends_keeps_running(make_engine: MakeEngine) -> None:
     # PR_SET_PDEATHSIG fires on the death of the forking *thread*. Trial threads end; engines
     # are forked from one long-lived thread, so this one must live on.
@@ -138,6 +140,7 @@ def test_engine_launched_from_a_thread_that_ends_keeps_running(make_engine: Make
     assert engine.pgid is not None and pids_in_group(engine.pgid) == []
 
 
+@pytest.mark.sim
 def test_normal_stop_ends_the_watchdog_too(make_engine: MakeEngine) -> None:
     engine = make_engine(serve=True)
     with engine:
@@ -150,6 +153,7 @@ def test_normal_stop_ends_the_watchdog_too(make_engine: MakeEngine) -> None:
     assert "tuner pid" not in engine.log_path.read_text()  # the tuner lives: the watchdog never fired
 
 
+@pytest.mark.sim
 def test_engine_exit_code_is_the_engines_own(make_engine: MakeEngine) -> None:
     engine = make_engine("--exit", "3")
     with engine, pytest.raises(EngineStartupError) as info:
@@ -157,6 +161,7 @@ def test_engine_exit_code_is_the_engines_own(make_engine: MakeEngine) -> None:
     assert info.value.returncode == 3  # the guard exec'd the engine: no wrapper exit code in between
 
 
+@pytest.mark.sim
 def test_a_program_that_is_not_executable_is_refused_at_start(tmp_path: Path) -> None:
     script = tmp_path / "engine.sh"
     script.write_text("#!/bin/sh\nexit 0\n")
@@ -171,6 +176,7 @@ def test_guard_usage_error_is_exit_2() -> None:
     assert guard.main(["--tuner", "1"]) == 2
 
 
+@pytest.mark.sim
 def test_parent_death_signal_is_armed_in_the_engine(tmp_path: Path) -> None:
     # A child that sets the signal and reports what the kernel holds (PR_GET_PDEATHSIG = 2).
     code = (

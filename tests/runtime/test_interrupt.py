@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.sim
+
 # A SIGTERM that arrives while a finalizer runs: Python runs the handler there, its
 # KeyboardInterrupt is printed as "Exception ignored" and dropped. The loop after it stands for the
 # rest of a study; the process must still end on the interrupt path, not by finishing the loop.

@@ -9,6 +9,8 @@ import pytest
 from autotune.errors import EngineError
 from autotune.runtime.ports import ensure_port_free, free_port, port_is_free
 
+pytestmark = pytest.mark.sim
+
 
 def test_free_port_can_be_bound() -> None:
     port = free_port()

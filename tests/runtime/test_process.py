@@ -33,6 +33,7 @@ def _wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
     return True
 
 
+@pytest.mark.sim
 def test_ready_after_health_answers_and_stop_leaves_nothing(make_engine: MakeEngine) -> None:
     engine = make_engine("--print", "hello from the engine", "--ready-after", "0.5", serve=True)
     with engine:
@@ -45,6 +46,7 @@ def test_ready_after_health_answers_and_stop_leaves_nothing(make_engine: MakeEng
     assert "hello from the engine" in engine.log_path.read_text()
 
 
+@pytest.mark.sim
 def test_environment_is_merged_and_marked(make_engine: MakeEngine) -> None:
     engine = make_engine(serve=True)
     engine.env = {"AUTOTUNE_TEST_VALUE": "42"}
@@ -56,6 +58,7 @@ def test_environment_is_merged_and_marked(make_engine: MakeEngine) -> None:
         assert environ_value(engine.pid, "PATH") == os.environ["PATH"]
 
 
+@pytest.mark.sim
 def test_exit_before_ready_raises_at_once_with_code(make_engine: MakeEngine) -> None:
     engine = make_engine("--exit", "3", startup_timeout_s=120.0)
     with engine, pytest.raises(EngineStartupError) as info:
@@ -67,6 +70,7 @@ def test_exit_before_ready_raises_at_once_with_code(make_engine: MakeEngine) -> 
     assert engine.elapsed_s() < 60  # far from the 120 s deadline
 
 
+@pytest.mark.sim
 def test_fatal_line_ends_the_wait_while_the_engine_still_runs(make_engine: MakeEngine) -> None:
     seen: list[str] = []
 
@@ -93,6 +97,7 @@ def test_fatal_line_ends_the_wait_while_the_engine_still_runs(make_engine: MakeE
     assert _gone(engine)
 
 
+@pytest.mark.sim
 def test_fatal_path_kill_removes_the_engines_shared_memory(make_engine: MakeEngine) -> None:
     # Killing after a fatal line must not cost the box RAM: vLLM-CPU leaves ~400 MB in /dev/shm
     # when SIGKILLed, which an overnight run of failed starts would pile up.
@@ -110,6 +115,7 @@ def test_fatal_path_kill_removes_the_engines_shared_memory(make_engine: MakeEngi
         shm.unlink(missing_ok=True)
 
 
+@pytest.mark.sim
 def test_shared_memory_of_an_engine_killed_by_someone_else_is_removed_at_stop(make_engine: MakeEngine) -> None:
     # The hang watchdog (search/trial.py) and the OOM killer SIGKILL engine processes without
     # going through stop(): the segments seen while the engine started are removed at stop().
@@ -127,6 +133,7 @@ def test_shared_memory_of_an_engine_killed_by_someone_else_is_removed_at_stop(ma
         shm.unlink(missing_ok=True)
 
 
+@pytest.mark.sim
 def test_fatal_line_waits_for_the_exit_code_and_the_last_lines(make_engine: MakeEngine) -> None:
     seen: list[str] = []
 
@@ -144,6 +151,7 @@ def test_fatal_line_waits_for_the_exit_code_and_the_last_lines(make_engine: Make
     assert seen[-1] == "exiting"  # printed after the fatal line, still handed to on_line
 
 
+@pytest.mark.sim
 def test_startup_timeout_when_never_ready(make_engine: MakeEngine) -> None:
     engine = make_engine(startup_timeout_s=1.0)  # runs but never listens
     with engine:
@@ -154,6 +162,7 @@ def test_startup_timeout_when_never_ready(make_engine: MakeEngine) -> None:
     assert _gone(engine)
 
 
+@pytest.mark.sim
 def test_stop_kills_an_orphaned_grandchild_that_ignores_sigterm(make_engine: MakeEngine) -> None:
     engine = make_engine("--orphan", "--ignore-term", serve=True, grace_s=0.5)
     with engine:
@@ -171,6 +180,7 @@ def test_stop_kills_an_orphaned_grandchild_that_ignores_sigterm(make_engine: Mak
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
 
 
+@pytest.mark.sim
 def test_leader_killed_alone_leaves_group_that_stop_still_ends(make_engine: MakeEngine) -> None:
     # vLLM's EngineCore survives a SIGKILL of the API server; the group scan must still find it.
     engine = make_engine("--orphan", serve=True, health_url=None)
@@ -185,6 +195,7 @@ def test_leader_killed_alone_leaves_group_that_stop_still_ends(make_engine: Make
     assert _gone(engine)
 
 
+@pytest.mark.sim
 def test_exception_inside_with_still_tears_down(make_engine: MakeEngine) -> None:
     engine = make_engine("--orphan", serve=True)
     with pytest.raises(ValueError, match="benchmark blew up"), engine:
@@ -193,6 +204,7 @@ def test_exception_inside_with_still_tears_down(make_engine: MakeEngine) -> None
     assert _gone(engine)
 
 
+@pytest.mark.sim
 def test_keyboard_interrupt_inside_with_still_tears_down(make_engine: MakeEngine) -> None:
     engine = make_engine("--orphan", "--ignore-term", serve=True, grace_s=0.3)
     with pytest.raises(KeyboardInterrupt), engine:
@@ -201,6 +213,7 @@ def test_keyboard_interrupt_inside_with_still_tears_down(make_engine: MakeEngine
     assert _gone(engine)
 
 
+@pytest.mark.sim
 def test_check_alive_reports_503_and_exit_code_zero(make_engine: MakeEngine, tmp_path: Path) -> None:
     control = tmp_path / "control"
     engine = make_engine("--control", str(control), serve=True)
@@ -218,6 +231,7 @@ def test_check_alive_reports_503_and_exit_code_zero(make_engine: MakeEngine, tmp
             engine.check_alive()
 
 
+@pytest.mark.sim
 def test_reader_keeps_draining_when_on_line_raises(make_engine: MakeEngine) -> None:
     def on_line(line: str) -> bool:
         raise RuntimeError("handler bug")
@@ -229,6 +243,7 @@ def test_reader_keeps_draining_when_on_line_raises(make_engine: MakeEngine) -> N
     assert "filler line 2999" in engine.log_path.read_text()
 
 
+@pytest.mark.sim
 def test_stop_before_start_and_twice_is_harmless(make_engine: MakeEngine) -> None:
     engine = make_engine(serve=True)
     engine.stop()
@@ -239,12 +254,14 @@ def test_stop_before_start_and_twice_is_harmless(make_engine: MakeEngine) -> Non
     assert _gone(engine)
 
 
+@pytest.mark.sim
 def test_start_twice_is_refused(make_engine: MakeEngine) -> None:
     engine = make_engine(serve=True)
     with engine, pytest.raises(RuntimeError, match="called twice"):
         engine.start()
 
 
+@pytest.mark.sim
 def test_missing_command_is_a_startup_error(tmp_path: Path) -> None:
     engine = EngineProcess(["/nonexistent/python"], {}, tmp_path / "e.log", ready_url="http://127.0.0.1:1/health")
     with pytest.raises(EngineStartupError, match="cannot run '/nonexistent/python'"):
@@ -258,6 +275,7 @@ def test_wait_ready_before_start_is_a_usage_error(tmp_path: Path) -> None:
         engine.wait_ready()
 
 
+@pytest.mark.sim
 def test_survivors_raise_teardown_error_naming_pids(make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = make_engine(serve=True)
     engine.start()
@@ -273,6 +291,7 @@ def test_survivors_raise_teardown_error_naming_pids(make_engine: MakeEngine, mon
         engine.stop()
 
 
+@pytest.mark.sim
 def test_teardown_error_does_not_hide_the_error_that_ended_the_block(
     make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

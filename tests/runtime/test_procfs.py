@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from autotune.runtime.procfs import (
     environ_value,
     group_exists,
@@ -32,6 +34,7 @@ def wait_exec_done(pid: int) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.sim
 def test_cmdline_and_environ_of_a_child() -> None:
     env = {**os.environ, "AUTOTUNE_PROCFS_TEST": "yes"}
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env, start_new_session=True)
@@ -48,6 +51,7 @@ def test_cmdline_and_environ_of_a_child() -> None:
         child.wait()
 
 
+@pytest.mark.sim
 def test_vanished_process_reads_as_empty() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
@@ -60,6 +64,7 @@ def _shm_name(tag: str) -> str:
     return f"autotune-test-{tag}-{os.getpid()}-{time.monotonic_ns()}"
 
 
+@pytest.mark.sim
 def test_shared_memory_of_a_killed_group_is_removed_and_in_use_memory_is_kept(tmp_path: Path) -> None:
     # A SIGKILLed engine cannot remove its /dev/shm segments (vLLM-CPU: ~400 MB a launch).
     name = _shm_name("killed")

@@ -16,6 +16,8 @@ from autotune.runtime import reaper
 from autotune.runtime.procfs import ENGINE_MARKER_ENV, pids_in_group, read_cmdline
 from autotune.runtime.reaper import find_leftovers, looks_like_engine, reap_process_groups
 
+pytestmark = pytest.mark.sim
+
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 
 

@@ -43,6 +43,7 @@ def _starve_first(monkeypatch: pytest.MonkeyPatch, n: int) -> list[bool]:
     return calls
 
 
+@pytest.mark.sim
 def test_a_starved_run_is_run_again_and_only_the_clean_run_is_scored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -61,6 +62,7 @@ def test_a_starved_run_is_run_again_and_only_the_clean_run_is_scored(
     assert "1 run(s) re-run, client-limited: p99 event-loop lag 8979.0 ms" in shown.output, shown.output
 
 
+@pytest.mark.sim
 def test_a_trial_whose_every_run_was_limited_is_client_limited_never_scored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -59,14 +59,30 @@ def test_shared_workers_retry_their_own_adopted_or_led_trials(study: optuna.Stud
     assert coord.claim_retry(probe) is True
 
 
+class _Waiting(NullProgress):
+    """Sets ``seen`` when its worker says it waits for another one's sequential stages."""
+
+    def __init__(self) -> None:
+        self.seen = threading.Event()
+
+    def message(self, text: str) -> None:
+        if text.startswith("waiting: worker"):
+            self.seen.set()
+
+
 def test_one_worker_leads_the_sequential_stages_the_others_wait(study: optuna.Study) -> None:
     log: list[tuple[str, bool]] = []
+    waiting = _Waiting()
     coords = [Coordinator(_run(study, f"w{i}"), shared=True, heartbeat_s=1) for i in range(2)]
+    for coord in coords:
+        coord.run.progress = waiting
 
     def work(coord: Coordinator) -> None:
         def body() -> str:
             log.append((coord.run.worker, bool((study.user_attrs.get(LEASE_KEY) or {}).get("done"))))
-            time.sleep(0.5)
+            if not (study.user_attrs.get(LEASE_KEY) or {}).get("done"):
+                # The leader holds the stages until the other worker has seen the lease taken.
+                assert waiting.seen.wait(30), "the other worker never waited for the lease"
             return "fixed"
 
         assert coord.sequential(body, poll_s=0.1) == "fixed"
@@ -92,6 +108,7 @@ def test_a_lease_that_stops_moving_is_taken_over(study: optuna.Study) -> None:
     assert coord.led and time.monotonic() - t0 >= 3  # the grace period: three beats
 
 
+@pytest.mark.sim
 def test_running_trials_of_a_dead_tuner_on_this_host_are_failed_at_once(study: optuna.Study) -> None:
     host = socket.gethostname()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -5,22 +5,21 @@ guard records agreement with the baseline's greedy answers."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from simstudy import sim_engine, sim_job
 
-from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, load_yaml, parse_model
+from autotune.config import EngineSettings, SearchSpace, Workload, load_yaml, parse_model
 from autotune.engines.vllm import VllmAdapter
 from autotune.search.storage import load_study
 from autotune.search.trial import TrialSpec, run_trial
 from autotune.search.tune import TuneJob, run_study
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SIM_ENV = {"AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SPEEDUP": "50", "AUTOTUNE_SIM_SEED": "0"}
 WORKLOAD = {
     "dataset": {"input_len": 256, "output_len": 32},
     "num_prompts": 32,
@@ -37,31 +36,11 @@ SPACES = {
 
 
 def _engine(dialect: str, model: str) -> EngineSettings:
-    return parse_model(
-        EngineSettings,
-        {
-            "kind": dialect,
-            "model": model,
-            "command": [sys.executable, "-m", "autotune_sim", dialect],
-            "env": SIM_ENV,
-            "startup_timeout_s": 60,
-            "simulated": True,
-        },
-        "test",
-    )
+    return sim_engine(dialect, model=model)
 
 
 def _job(tmp_path: Path, space: SearchSpace, engine: EngineSettings, workload: dict[str, Any], **study: Any) -> TuneJob:
-    return TuneJob(
-        engine=engine,
-        space=space,
-        workload=parse_model(Workload, workload, "workload"),
-        study=parse_model(
-            StudySettings,
-            {"name": "t", "results_dir": tmp_path, "method": "search", "finalists": 0, **study},
-            "study",
-        ),
-    )
+    return sim_job(tmp_path, space, engine=engine, workload=workload, method="search", finalists=0, **study)
 
 
 @pytest.mark.parametrize("name", sorted(SPACES))

@@ -13,18 +13,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_tune_sim import SEARCH_SPACE, _engine, _job
+from simstudy import sim_engine
+from test_tune_sim import SEARCH_SPACE, _job
 
 from autotune.errors import EngineFailsRegardless
 from autotune.search.storage import load_study
 from autotune.search.tune import run_study
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("method", ["staged", "search"])
 def test_worker_death_on_every_config_stops_after_two_launches(tmp_path: Path, method: str) -> None:
-    engine = _engine(env={"AUTOTUNE_SIM_FAULT": "worker_dies_after_requests=1"})
+    engine = sim_engine(env={"AUTOTUNE_SIM_FAULT": "worker_dies_after_requests=1"})
     job = _job(tmp_path, SEARCH_SPACE, engine=engine, method=method, trials=6, finalists=1, validation_runs=1)
     with pytest.raises(EngineFailsRegardless) as raised:
         run_study(job)
@@ -59,7 +60,7 @@ def test_worker_death_on_every_config_stops_after_two_launches(tmp_path: Path, m
 
 
 def test_sglang_scheduler_exception_on_every_config_stops_early(tmp_path: Path) -> None:
-    engine = _engine("sglang", env={"AUTOTUNE_SIM_FAULT": "crash_after_requests=1"})
+    engine = sim_engine("sglang", env={"AUTOTUNE_SIM_FAULT": "crash_after_requests=1"})
     space = {"engine": "sglang", **SEARCH_SPACE}
     job = _job(tmp_path, space, engine=engine, method="search", trials=6, finalists=1, validation_runs=1)
     with pytest.raises(EngineFailsRegardless) as raised:
@@ -73,7 +74,7 @@ def test_sglang_scheduler_exception_on_every_config_stops_early(tmp_path: Path) 
 def test_failure_that_depends_on_flags_does_not_stop(tmp_path: Path) -> None:
     """The engine dies only when max_num_seqs is large enough to batch 40 requests: the defaults
     die, small configurations serve, so the study goes on to a winner."""
-    engine = _engine(env={"AUTOTUNE_SIM_FAULT": "oom_at_batch_tokens=4096"})
+    engine = sim_engine(env={"AUTOTUNE_SIM_FAULT": "oom_at_batch_tokens=4096"})
     job = _job(tmp_path, SEARCH_SPACE, engine=engine, method="search", trials=3, finalists=1, validation_runs=1)
     run_study(job)
     study = load_study("t", job.storage_url)
@@ -82,7 +83,7 @@ def test_failure_that_depends_on_flags_does_not_stop(tmp_path: Path) -> None:
 
 
 def test_unexplained_startup_timeout_is_still_retried(tmp_path: Path) -> None:
-    engine = _engine(env={"AUTOTUNE_SIM_FAULT": "hang_startup"})
+    engine = sim_engine(env={"AUTOTUNE_SIM_FAULT": "hang_startup"})
     engine = engine.model_copy(update={"startup_timeout_s": 3})
     job = _job(tmp_path, SEARCH_SPACE, engine=engine, method="search", trials=1, finalists=0, retries=1)
     run_study(job)

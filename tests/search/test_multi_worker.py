@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.search.coordination import LEASE_KEY
 from autotune.search.storage import superseded
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 SPACE = {
     "params": {

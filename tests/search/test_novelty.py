@@ -4,8 +4,6 @@ before its engine starts and an unmeasured point of the space runs instead."""
 from __future__ import annotations
 
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
+from studyrace import record_after_first_poll
 
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
 from autotune.engines import get_adapter
@@ -129,21 +128,21 @@ def test_in_a_space_too_large_to_list_a_repeat_runs_when_no_draw_is_new(
     assert any("repeats trial 0: every point drawn was measured" in line for line in run.progress.lines)  # type: ignore[attr-defined]
 
 
-def test_of_two_workers_proposing_one_configuration_at_once_the_later_gives_way(tmp_path: Path) -> None:
+def test_of_two_workers_proposing_one_configuration_at_once_the_later_gives_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Another worker asked first; its start record lands only after this worker checked what
     # the study measured, so only the check after this trial's own record can see it.
     run = _run(tmp_path, proposes=32)
     theirs = run.study.ask()
-
-    def record_later() -> None:
-        time.sleep(0.5)
-        write_trial(theirs, stage="search", params={"max_running": 32}, flags=run.flags({"max_running": 32}))
-
-    writer = threading.Thread(target=record_later)
-    writer.start()
+    looks = record_after_first_poll(
+        monkeypatch,
+        run,
+        lambda: write_trial(theirs, stage="search", params={"max_running": 32}, flags=run.flags({"max_running": 32})),
+    )
     with pytest.raises(Withdrawn, match="trial 0, asked just before, measures the same configuration"):
         run.run("search", sample=run.job.space)
-    writer.join()
+    assert len(looks) >= 2  # the first look missed the record and the wait saw it
     mine = trial_record(run.study.trials[1])
     assert mine.outcome == WITHDRAWN and mine.engine_pgid is None
 

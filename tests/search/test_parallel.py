@@ -19,8 +19,8 @@ from typing import Any
 import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
+from simstudy import sim_engine, sim_job
 
-from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
 from autotune.engines import get_adapter
 from autotune.errors import ConfigError
 from autotune.runtime import gpu
@@ -30,7 +30,6 @@ from autotune.search.record import WITHDRAWN
 from autotune.search.storage import load_study
 from autotune.search.tune import TuneJob, run_study
 
-SIM_ENV = {"AUTOTUNE_SIM_GPU": "H100-80GB", "AUTOTUNE_SIM_SPEEDUP": "50", "AUTOTUNE_SIM_SEED": "0"}
 WORKLOAD = {
     "name": "sim-tiny",
     "dataset": {"input_len": 256, "output_len": 32},
@@ -48,25 +47,8 @@ TP_SPACE = {
 
 
 def _job(tmp_path: Path, space: dict[str, Any], **study: Any) -> TuneJob:
-    engine = parse_model(
-        EngineSettings,
-        {
-            "kind": "vllm",
-            "model": "meta-llama/Llama-3.1-8B-Instruct",
-            "command": [sys.executable, "-m", "autotune_sim", "vllm"],
-            "env": SIM_ENV,
-            "startup_timeout_s": 60,
-            "simulated": True,
-            "fixed_flags": study.pop("fixed_flags", {}),
-        },
-        "test",
-    )
-    return TuneJob(
-        engine=engine,
-        space=parse_model(SearchSpace, space, "space"),
-        workload=parse_model(Workload, WORKLOAD, "workload"),
-        study=parse_model(StudySettings, {"name": "p", "results_dir": tmp_path, "seed": 1, **study}, "study"),
-    )
+    engine = sim_engine(fixed_flags=study.pop("fixed_flags", {}))
+    return sim_job(tmp_path, space, engine=engine, workload=WORKLOAD, name="p", **study)
 
 
 @pytest.fixture
@@ -192,6 +174,7 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
+@pytest.mark.sim
 @pytest.mark.slow
 def test_parallel_search_runs_trials_at_once_on_disjoint_gpu_groups(tmp_path: Path, fake_gpus: Any) -> None:
     fake_gpus("4xH100-80GB")
@@ -223,6 +206,7 @@ def test_parallel_search_runs_trials_at_once_on_disjoint_gpu_groups(tmp_path: Pa
         assert not _devices(a) & _devices(b), f"trials {a.number} and {b.number} shared a GPU"
 
 
+@pytest.mark.sim
 @pytest.mark.slow
 def test_staged_study_keeps_sequential_stages_sequential(tmp_path: Path, fake_gpus: Any) -> None:
     fake_gpus("4xH100-80GB")
@@ -251,6 +235,7 @@ def test_staged_study_keeps_sequential_stages_sequential(tmp_path: Path, fake_gp
     assert all(t.params["memory_fraction"] == edge for t in scenario)
 
 
+@pytest.mark.sim
 @pytest.mark.slow
 def test_sigterm_stops_every_slot_and_resume_finishes(
     tmp_path: Path, fake_gpus: Any, find_engines: Callable[[str, str], list[int]]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
+from studyrace import record_after_first_poll
 
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
 from autotune.engines import get_adapter
@@ -105,21 +105,19 @@ def test_a_trial_asked_first_keeps_its_place(tmp_path: Path) -> None:
     assert trial_record(run.study.trials[0]).outcome != WITHDRAWN
 
 
-def test_a_worker_waits_for_the_start_record_of_a_trial_asked_just_before(tmp_path: Path) -> None:
+def test_a_worker_waits_for_the_start_record_of_a_trial_asked_just_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = _worker(tmp_path)
     gate, task = _gate(run), _validation_task(run)
     assert gate.reserve(task) == 0
     theirs = _other_workers_trial(run.study, record=False)  # asked, its record not written yet
-
-    def record_later() -> None:
-        time.sleep(0.5)
-        write_trial(theirs, stage=STAGE_VALIDATION, validates=3, params={"max_running": 64})
-
-    writer = threading.Thread(target=record_later)
-    writer.start()
+    looks = record_after_first_poll(
+        monkeypatch, run, lambda: write_trial(theirs, stage=STAGE_VALIDATION, validates=3, params={"max_running": 64})
+    )
     with pytest.raises(Withdrawn):
         task.start(True)
-    writer.join()
+    assert len(looks) >= 2  # the first look missed the record and the wait saw it
     assert trial_record(run.study.trials[1]).outcome == WITHDRAWN
 
 

@@ -80,6 +80,7 @@ def test_validation_and_memory_edges_keep_what_was_stored_before() -> None:
     assert record.memory_edges(study) == {"context=default,graph=default": 0.9, "context=4096,graph=default": None}
 
 
+@pytest.mark.sim
 def test_the_manifest_names_the_engine_versions_and_compile_caches_the_trials_reported(tmp_path: Path) -> None:
     study = _study()
     for version in ("0.32.0", "0.32.0", None):

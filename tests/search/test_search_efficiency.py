@@ -113,6 +113,7 @@ def test_the_products_search_never_repeats_a_measured_point(tiny: Any, se: Any) 
     assert repeats(skip=False) > 0  # without the rule TPE does repeat here: the check above can fail
 
 
+@pytest.mark.slow  # whole simulated studies in virtual time: 20-40 s of CPU each
 @pytest.mark.parametrize("name", ["qwen72b-tp4-h100-chat", "sglang-qwen7b-l4-offline"])
 def test_one_round_of_peak_requests_gives_the_probe_verdicts_of_two(se: Any, name: str) -> None:
     # peak_workload sends one request per slot: a second round of the same requests would repeat
@@ -147,6 +148,7 @@ def test_a_failed_start_costs_less_than_a_served_run(se: Any) -> None:
     assert 0 < refused.cost_s < served.cost_s
 
 
+@pytest.mark.slow  # every method over seeds on a case: up to 100 s of CPU each
 @pytest.mark.parametrize("name", list(WIN_CASES))
 def test_staged_reaches_the_optimum_for_less_engine_time(se: Any, name: str) -> None:
     obj = se.SimObjective(_shrunk(se, name, WIN_CASES[name]))

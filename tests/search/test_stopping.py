@@ -76,6 +76,7 @@ def test_a_minimised_objective_gains_downwards() -> None:
     assert stall_reason(_search(falling), StudyDirection.MINIMIZE, budget, 0.05) is None
 
 
+@pytest.mark.sim
 @pytest.mark.slow
 def test_a_flat_simulated_search_ends_early_and_says_why(tmp_path: Path) -> None:
     """Four requests at a time: every max_running above 4 serves alike, so after 12 trials with

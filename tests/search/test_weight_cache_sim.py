@@ -15,13 +15,13 @@ from typing import Any
 
 import optuna
 import pytest
+from simstudy import sim_engine, sim_env, sim_job
 
-from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
 from autotune.search.record import trial_record, weight_daemon
 from autotune.search.storage import load_study
 from autotune.search.tune import TuneJob, run_study
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 WORKLOAD = {
     "name": "wc-small",
@@ -34,37 +34,20 @@ SPACE = {"params": {"max_running": {"type": "int", "low": 8, "high": 128, "log":
 
 
 def _env(tmp_path: Path, version: str) -> dict[str, str]:
-    return {
-        "AUTOTUNE_SIM_GPU": "H100-80GB",
-        "AUTOTUNE_SIM_SPEEDUP": "50",
-        "AUTOTUNE_SIM_SEED": "0",
-        "AUTOTUNE_SIM_VLLM_VERSION": version,
-        "VLLM_CACHE_ROOT": str(tmp_path / "compile-cache"),
-        "MARK_RESULTS": str(tmp_path),  # finds this test's processes in /proc
-    }
+    """The simulated vLLM ``version``'s environment, its compile cache in the test's folder."""
+    return sim_env(
+        AUTOTUNE_SIM_VLLM_VERSION=version,
+        VLLM_CACHE_ROOT=str(tmp_path / "compile-cache"),
+        MARK_RESULTS=str(tmp_path),  # finds this test's processes in /proc
+    )
 
 
 def _job(tmp_path: Path, version: str = "0.34.0", kind: str = "vllm", **study: Any) -> TuneJob:
-    env = (
-        _env(tmp_path, version)
-        if kind == "vllm"
-        else {**_env(tmp_path, "0.34.0"), "AUTOTUNE_SIM_SGLANG_VERSION": version}
-    )
-    engine = {
-        "kind": kind,
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "command": [sys.executable, "-m", "autotune_sim", kind],
-        "env": env,
-        "startup_timeout_s": 60,
-        "simulated": True,
-    }
-    settings = {"name": "w", "results_dir": tmp_path, "seed": 1, "method": "search", "trials": 2, **study}
-    return TuneJob(
-        engine=parse_model(EngineSettings, engine, "engine"),
-        space=parse_model(SearchSpace, SPACE, "space"),
-        workload=parse_model(Workload, WORKLOAD, "workload"),
-        study=parse_model(StudySettings, {"finalists": 1, "validation_runs": 1, **settings}, "study"),
-    )
+    env = _env(tmp_path, version if kind == "vllm" else "0.34.0")
+    if kind == "sglang":
+        env["AUTOTUNE_SIM_SGLANG_VERSION"] = version
+    settings = {"name": "w", "method": "search", "trials": 2, "finalists": 1, "validation_runs": 1, **study}
+    return sim_job(tmp_path, SPACE, engine=sim_engine(kind, env=env), workload=WORKLOAD, **settings)
 
 
 def _daemons(tmp_path: Path) -> list[int]:

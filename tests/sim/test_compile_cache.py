@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 V34 = {"AUTOTUNE_SIM_VLLM_VERSION": "0.34.0"}

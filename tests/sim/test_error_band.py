@@ -31,6 +31,7 @@ def test_an_unknown_category_is_one_line() -> None:
         error_band("speed")
 
 
+@pytest.mark.sim
 def test_the_command_prints_the_same_bands_as_json() -> None:
     proc = subprocess.run([sys.executable, "-m", "autotune_sim", "error-bands"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

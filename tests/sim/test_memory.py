@@ -111,7 +111,8 @@ def test_vllm_graph_memory_grows_with_the_captured_batch() -> None:
 
 
 def test_72b_does_not_load_on_one_h100_but_does_on_four() -> None:
-    assert vllm_plan(0.9, model=QWEN72, max_len=32768).failure in ("load_oom", "no_kv")
+    # 72B in bf16 is ~145 GB of weights: more than one H100 holds, so the load itself fails.
+    assert vllm_plan(0.9, model=QWEN72, max_len=32768).failure == "load_oom"
     assert vllm_plan(0.9, model=QWEN72, tp=4, max_len=32768).failure is None
 
 
@@ -156,7 +157,8 @@ def test_sglang_fraction_too_low_leaves_no_room_after_the_weights() -> None:
 
 
 def test_sglang_fraction_too_high_fails_graph_capture() -> None:
-    assert sglang_plan(0.995, decode_bs=1024).failure in ("capture_oom_prefill", "capture_oom_decode")
+    # The prefill graphs are captured first, so the headroom a 0.995 pool leaves runs out there.
+    assert sglang_plan(0.995, decode_bs=1024).failure == "capture_oom_prefill"
 
 
 def test_sglang_runtime_room_is_the_summary_lines_headroom_less_a_reserve() -> None:

@@ -22,7 +22,7 @@ from autotune.engines.base import EventKind
 from autotune.engines.vllm import VllmAdapter
 from autotune.outcomes import Outcome
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ENV = {"AUTOTUNE_SIM_SPEEDUP": "500", "AUTOTUNE_SIM_GPU": "H100-80GB"}

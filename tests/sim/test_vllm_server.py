@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 LINE = re.compile(
