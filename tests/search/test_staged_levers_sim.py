@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from simstudy import sim_engine, sim_job
 
+from autotune.config import SearchSpace, parse_model
 from autotune.search import trial as trial_module
 from autotune.search.record import stage_state, trial_records
-from autotune.search.stages import STEP, predict_memory_edge
+from autotune.search.stages import STEP, predict_memory_edge, slo_first_move
 from autotune.search.storage import load_study
 from autotune.search.tune import TuneJob, run_study
 
@@ -39,8 +40,8 @@ SPACE = {
 
 
 def _job(tmp_path: Path) -> TuneJob:
-    # A stats line every 0.1 modelled seconds (vLLM's VLLM_LOG_STATS_INTERVAL) sees the running
-    # peak of 64 in every run, so the SLO move is decided from the baseline, every time.
+    # A stats line every 0.1 modelled seconds (vLLM's VLLM_LOG_STATS_INTERVAL): the running peak
+    # of 64 is in every run's log (when the lines arrive in time, see below).
     engine = sim_engine(speedup=SPEEDUP, env={"VLLM_LOG_STATS_INTERVAL": "0.1"})
     return sim_job(tmp_path, SPACE, engine=engine, workload=WORKLOAD, method="staged", trials=6, finalists=0)
 
@@ -80,11 +81,22 @@ def test_the_slo_move_is_recorded_and_applied_from_the_context_run_on(staged_stu
     baseline = _served(staged_study, "baseline")
     assert baseline.outcome == "slo_violation" and "p95_tpot_ms" in baseline.violations
     state = stage_state(staged_study, "slo_first")
-    # Half the running peak of 64 the defaults' stats lines logged: 32 sequences, from the baseline on.
-    assert state is not None and state.fixed == {"max_running": 32}, state
-    assert (state.note or "").startswith("the baseline run") and "TPOT over its bound" in state.note, state.note
+    assert state is not None and state.fixed is not None and "TPOT over its bound" in (state.note or ""), state
+    # Which run decides depends on timing: the running peak comes from the engine's stats lines
+    # and gauges, and a loaded host can deliver the baseline's lines only after its facts were
+    # read (then the baseline shows no peak and the context run, which runs the defaults too,
+    # decides). Either way the move is the stages' rule applied to the deciding run's own record.
+    decider = "baseline" if (state.note or "").startswith("the baseline run") else "context"
+    assert (state.note or "").startswith(f"the {decider} run"), state.note
+    decided = _served(staged_study, decider)
+    expected = slo_first_move(decided.violations, decided.facts, parse_model(SearchSpace, SPACE, "space"))
+    assert expected is not None and state.fixed == expected[0] and set(state.fixed) == {"max_running"}
+    assert state.fixed["max_running"] < 64  # fewer sequences than the 64 the defaults ran
     moved = state.fixed["max_running"]
     context = _by_stage(staged_study, "context")
-    assert context and all(r.params["max_running"] == moved for r in context)
+    if decider == "baseline":
+        assert context and all(r.params["max_running"] == moved for r in context)
+    else:
+        assert context and all("max_running" not in (r.params or {}) for r in context)
     scenario = _by_stage(staged_study, "scenario")
     assert scenario and scenario[0].params is not None and scenario[0].params["max_running"] == moved
