@@ -20,7 +20,7 @@ import os
 import socket
 import subprocess
 from collections.abc import Callable, Generator, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -55,17 +55,18 @@ class TierViolation(RuntimeError):
     """A unit test started a process or opened a network socket."""
 
 
-def _refuse(what: str, seen: list[str]) -> None:
+def _refuse(what: str, seen: list[str]) -> NoReturn:
     message = f"a unit test {what}; mark the test @pytest.mark.sim (or real_engine) — see tests/tiers.py"
     seen.append(message)
     raise TierViolation(message)
 
 
-def _guarded_spawn(original: Callable[..., Any], seen: list[str]) -> Callable[..., Any]:
-    def spawn(*args: Any, **kwargs: Any) -> Any:
+def _refused_spawn(seen: list[str]) -> Callable[..., Any]:
+    """Stands in for a process-starting call: nothing is started."""
+
+    def spawn(*args: Any, **kwargs: Any) -> NoReturn:
         argv = args[0] if args else kwargs.get("args", "?")
         _refuse(f"started a process ({argv!r:.120})", seen)
-        return original(*args, **kwargs)
 
     return spawn
 
@@ -84,11 +85,11 @@ def unit_guard(seen: list[str]) -> Iterator[None]:
     """While inside: starting a process or using a network socket raises and is recorded."""
     patches: list[tuple[Any, str, Any]] = [
         # subprocess keeps its own reference to fork_exec; multiprocessing calls the module's.
-        (subprocess, "_fork_exec", _guarded_spawn(subprocess._fork_exec, seen)),  # type: ignore[attr-defined]
-        (_posixsubprocess, "fork_exec", _guarded_spawn(_posixsubprocess.fork_exec, seen)),
-        (os, "fork", _guarded_spawn(os.fork, seen)),
-        (os, "posix_spawn", _guarded_spawn(os.posix_spawn, seen)),
-        (os, "posix_spawnp", _guarded_spawn(os.posix_spawnp, seen)),
+        (subprocess, "_fork_exec", _refused_spawn(seen)),
+        (_posixsubprocess, "fork_exec", _refused_spawn(seen)),
+        (os, "fork", _refused_spawn(seen)),
+        (os, "posix_spawn", _refused_spawn(seen)),
+        (os, "posix_spawnp", _refused_spawn(seen)),
     ]
     for verb in ("connect", "connect_ex", "bind"):
         patches.append((socket.socket, verb, _guarded_socket_call(getattr(socket.socket, verb), verb, seen)))

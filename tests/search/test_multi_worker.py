@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
+from simstudy import SMALL_WORKLOAD
 
 from autotune.search.coordination import LEASE_KEY
 from autotune.search.storage import superseded
@@ -33,14 +34,6 @@ SPACE = {
         "max_running": {"type": "int", "low": 8, "high": 512, "log": True},
         "batched_tokens": {"type": "categorical", "choices": [2048, 8192]},
     }
-}
-WORKLOAD = {
-    "name": "sim-tiny",
-    "dataset": {"input_len": 256, "output_len": 32},
-    "num_prompts": 24,
-    "warmup_requests": 1,
-    "arrival": {"concurrency": 16},
-    "slos": {"p95_ttft_ms": 10000},
 }
 
 
@@ -111,7 +104,7 @@ def _counted(trials: list[FrozenTrial], stage: str) -> list[FrozenTrial]:
 
 
 def test_two_workers_share_one_study(tmp_path: Path, pg_url: str, study_name: str) -> None:
-    space, wl = _files(tmp_path, WORKLOAD)
+    space, wl = _files(tmp_path, SMALL_WORKLOAD)
     first = subprocess.Popen(
         [*_tune(study_name, pg_url, space, wl, tmp_path / "a"), "--trials", "6", "--finalists", "1",
          "--validation-runs", "2"],
@@ -155,7 +148,7 @@ def test_two_workers_share_one_study(tmp_path: Path, pg_url: str, study_name: st
 
 
 def test_a_killed_workers_trial_is_failed_and_rerun_by_the_other(tmp_path: Path, pg_url: str, study_name: str) -> None:
-    space, wl = _files(tmp_path, {**WORKLOAD, "num_prompts": 300})
+    space, wl = _files(tmp_path, {**SMALL_WORKLOAD, "num_prompts": 300})
     args = ["--trials", "4", "--finalists", "0"]
     survivor = subprocess.Popen(
         [*_tune(study_name, pg_url, space, wl, tmp_path / "a"), *args, "--sim-speedup", "10"],

@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
-from simstudy import sim_engine, sim_job
+from simstudy import SMALL_WORKLOAD, sim_engine, sim_job
 
 from autotune.engines import get_adapter
 from autotune.errors import ConfigError
@@ -30,14 +30,6 @@ from autotune.search.record import WITHDRAWN
 from autotune.search.storage import load_study
 from autotune.search.tune import TuneJob, run_study
 
-WORKLOAD = {
-    "name": "sim-tiny",
-    "dataset": {"input_len": 256, "output_len": 32},
-    "num_prompts": 24,
-    "warmup_requests": 1,
-    "arrival": {"concurrency": 16},
-    "slos": {"p95_ttft_ms": 10000},
-}
 TP_SPACE = {
     "params": {
         "tensor_parallel": {"type": "categorical", "choices": [1, 2]},
@@ -48,7 +40,7 @@ TP_SPACE = {
 
 def _job(tmp_path: Path, space: dict[str, Any], **study: Any) -> TuneJob:
     engine = sim_engine(fixed_flags=study.pop("fixed_flags", {}))
-    return sim_job(tmp_path, space, engine=engine, workload=WORKLOAD, name="p", **study)
+    return sim_job(tmp_path, space, engine=engine, name="p", **study)
 
 
 @pytest.fixture
@@ -244,7 +236,7 @@ def test_sigterm_stops_every_slot_and_resume_finishes(
     (tmp_path / "space.json").write_text(
         json.dumps(TP_SPACE | {"params": {"max_running": TP_SPACE["params"]["max_running"]}})
     )
-    (tmp_path / "wl.json").write_text(json.dumps({**WORKLOAD, "num_prompts": 250}))
+    (tmp_path / "wl.json").write_text(json.dumps({**SMALL_WORKLOAD, "num_prompts": 250}))
     cmd = [
         sys.executable, "-m", "autotune.cli", "tune", "--study", "s", "--engine", "sim", "--method", "search",
         "--space", str(tmp_path / "space.json"), "--workload", str(tmp_path / "wl.json"), "--trials", "2",
