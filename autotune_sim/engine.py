@@ -5,12 +5,14 @@ modelled clock by the step time (× noise), waits until the wall clock reaches t
 time ÷ speed-up, then commits the step and hands every sampled token to its request's sink.
 Work is per step and per sampled token, never per request per wall tick.
 
-Wall mapping: ``wall = wall0 + (t − t0) ÷ speedup``. Steps shorter than a millisecond of wall
-time run back to back (the event loop still serves I/O between them), so a fast-forwarded run
-keeps its modelled rates. When the host CPU cannot keep up — the engine is more than
-``LAG_LIMIT_S`` of wall time behind — the mapping is re-anchored and the lag is counted
-(``EngineStats.wall_lag_s``) and reported, because client-side numbers are then lower than
-the modelled ones.
+Wall mapping: ``wall = wall0 + (t − t0) ÷ speedup``, one :class:`ModelClock` for every engine
+of the process (data-parallel ranks share it, so their stamps compare). Steps shorter than a
+millisecond of wall time run back to back (the event loop still serves I/O between them), so a
+fast-forwarded run keeps its modelled rates. When the host CPU cannot keep up — the engine is
+more than ``LAG_LIMIT_S`` of wall time behind — the mapping is re-anchored and the lag is counted
+(``EngineStats.wall_lag_s``) and reported: modelled time then advanced slower than the asked
+speed-up, which a client that reads the modelled stamps (:mod:`autotune_sim.openai`) sees as
+the achieved speed-up of its run.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from autotune_sim.scheduler import Batch, Scheduler, SimRequest
 from autotune_sim.settings import FaultPlan
 from autotune_sim.stats import EngineStats
 
-__all__ = ["Engine", "EngineObserver", "Fatal", "TokenSink"]
+__all__ = ["Engine", "EngineObserver", "Fatal", "ModelClock", "TokenSink"]
 
 LAG_LIMIT_S = 0.05
+HOLD_LIMIT_S = 0.5  # the longest the clock waits for a promised successor (wall seconds)
 SLEEP_MIN_S = 0.001  # the event loop cannot sleep shorter than its clock resolution
 YIELD_EVERY_S = 0.002  # back-to-back steps still let the server read and write this often
 
@@ -65,6 +68,57 @@ class EngineObserver(Protocol):
         """The host CPU fell behind modelled time by ``lag_s`` wall seconds in total."""
 
 
+class ModelClock:
+    """Modelled seconds against the wall clock: ``t = t0 + (wall − wall0) × speedup``, re-anchored
+    when an engine falls behind it, and held while a closed-loop client owes a request.
+
+    Why the hold: a closed-loop client sends its next request when the previous one ends, a few
+    wall-clock milliseconds later (its own and the server's CPU time), which the speed-up would
+    turn into a modelled gap twenty times longer. A request that promised a successor
+    (``SimRequest.successor``) holds the clock when it ends: no engine steps and modelled time
+    stands still until the next client request arrives, the client says none will come, or
+    ``HOLD_LIMIT_S`` of wall time passes.
+    """
+
+    def __init__(self, speedup: float, clock: Callable[[], float]) -> None:
+        self.speedup, self.wall = speedup, clock
+        self.t0, self.wall0 = 0.0, clock()
+        self.owed = 0  # successors promised and not yet arrived
+        self._held_at = 0.0
+        self.settled = asyncio.Event()
+        self.settled.set()
+
+    def now(self) -> float:
+        """The modelled time of this wall instant."""
+        if self.owed:
+            return self._held_at
+        return self.t0 + (self.wall() - self.wall0) * self.speedup
+
+    def hold(self, t: float) -> None:
+        """A request that promised a successor ended at modelled ``t``."""
+        if not self.owed:
+            self._held_at = t
+            self.settled.clear()
+        self.owed += 1
+
+    def settle(self, all_owed: bool = False) -> None:
+        """A successor arrived (or, ``all_owed``, the client will send none): resume from the held time."""
+        if not self.owed:
+            return
+        self.owed = 0 if all_owed else self.owed - 1
+        if not self.owed:
+            self.anchor(self._held_at)
+            self.settled.set()
+
+    def due(self, t: float) -> float:
+        """The wall instant of modelled time ``t``."""
+        return self.wall0 + (t - self.t0) / self.speedup
+
+    def anchor(self, t: float) -> None:
+        """Modelled time ``t`` is now: the time lost to a host that could not keep up is dropped."""
+        self.t0, self.wall0 = t, self.wall()
+
+
 class Engine:
     """One engine core (one data-parallel rank)."""
 
@@ -76,48 +130,46 @@ class Engine:
         *,
         fp: Footprint,
         headroom: float,
-        speedup: float,
         noise: float,
         seed: int,
         faults: FaultPlan,
         observer: EngineObserver,
-        clock: Callable[[], float],
+        clock: ModelClock,
     ) -> None:
         self.scheduler, self.perf, self.stats = scheduler, perf, stats
         self.fp, self.headroom = fp, headroom
-        self.speedup, self.noise = speedup, noise
+        self.noise = noise
         self.faults = faults
         self.observer = observer
-        self._clock = clock
+        self.clock = clock
         self._rng = random.Random(seed)
-        self._wall0 = clock()
-        self._t0 = 0.0
-        self.t = 0.0  # modelled seconds
+        self.t = clock.now()  # modelled seconds
         self._wake = asyncio.Event()
         self.dead = False
         self.hung = False
         self._force_oom = False
         self._last_lag_report = 0.0
-        self._last_yield = clock()
+        self._last_yield = clock.wall()
         self._client_requests = 0
 
     # ----------------------------------------------------------------------------- clock
     def model_now(self) -> float:
-        """The modelled time of this wall instant (the engine's own time while it is busy)."""
+        """The modelled time of this wall instant. While a step runs (``t`` is its end) that is the
+        clock's time; an engine behind its clock is at its own time, an idle one at the clock's."""
+        now = self.clock.now()
         if self.scheduler.has_work():
-            return self.t
-        return max(self.t, self._t0 + (self._clock() - self._wall0) * self.speedup)
-
-    def _resync(self) -> None:
-        self._t0, self._wall0 = self.t, self._clock()
+            return min(now, self.t)
+        return max(self.t, now)
 
     # --------------------------------------------------------------------------- requests
     def submit(self, req: SimRequest, *, internal: bool = False) -> None:
         """Queue a request; a client's (not ``internal``) may trip a fault that counts requests."""
         if self.dead:
             raise Fatal("crash")
-        self.t = self.model_now()
-        req.arrival = self.t
+        if not internal and self.clock.owed:
+            self.clock.settle()
+        req.arrival = self.model_now()
+        self.t = max(self.t, req.arrival)
         self.stats.requests_total += 1
         self.scheduler.add(req)
         self._wake.set()
@@ -163,6 +215,9 @@ class Engine:
             if not self.scheduler.has_work():
                 await self._idle()
                 continue
+            if self.clock.owed:
+                await self._await_successors()
+                continue
             batch = self.scheduler.schedule(self.t)
             if batch is None:
                 await self._idle()
@@ -185,8 +240,23 @@ class Engine:
             self.observer.on_step(batch, self.t)
 
     async def _idle(self) -> None:
+        # An engine that fell behind its clock (by less than LAG_LIMIT_S, which a busy engine
+        # catches up on) goes idle at its own time: a request arriving next must not be stamped
+        # later by the lag times the speed-up.
+        behind = self.clock.wall() - self.clock.due(self.t)
+        if behind > 0:
+            self.stats.wall_lag_s += behind
+            self.clock.anchor(self.t)
         self._wake.clear()
         await self._wake.wait()
+
+    async def _await_successors(self) -> None:
+        """Step no further while the clock holds for a closed-loop client's next request."""
+        try:
+            async with asyncio.timeout(HOLD_LIMIT_S):
+                await self.clock.settled.wait()
+        except TimeoutError:
+            self.clock.settle(all_owed=True)  # the client sent none after all (it stopped, it failed)
 
     def _check_memory(self, batch: Batch) -> None:
         shape = batch.shape
@@ -204,15 +274,15 @@ class Engine:
         if self.noise:
             dt *= max(0.5, 1.0 + self._rng.gauss(0.0, self.noise))
         self.t += dt
-        now = self._clock()
-        delay = self._wall0 + (self.t - self._t0) / self.speedup - now
+        now = self.clock.wall()
+        delay = self.clock.due(self.t) - now
         if delay >= SLEEP_MIN_S:
             await asyncio.sleep(delay)
-            self._last_yield = self._clock()
+            self._last_yield = self.clock.wall()
             return
         if delay < -LAG_LIMIT_S:
             self.stats.wall_lag_s += -delay
-            self._resync()
+            self.clock.anchor(self.t)
             if now - self._last_lag_report > 10.0:
                 self._last_lag_report = now
                 self.observer.on_lag(self.stats.wall_lag_s)
@@ -255,6 +325,8 @@ class Engine:
             if req.sink is not None:
                 req.sink.fail(req, error)
             return
+        if req.successor:
+            self.clock.hold(req.last_token)
         stats.e2e.observe(req.last_token - req.arrival)
         stats.decode_time.observe(req.last_token - req.first_token)
         stats.inference_time.observe(req.last_token - req.first_scheduled)

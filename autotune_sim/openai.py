@@ -10,6 +10,17 @@ Length rules follow each engine: vLLM silently clamps ``max_tokens`` to the cont
 the prompt (400 only when ``max_tokens`` alone exceeds ``max_model_len``); SGLang rejects a
 request whose prompt plus ``max_tokens`` exceeds its context length. Without ``ignore_eos`` the
 model stops on its own after a deterministic, prompt-dependent length (``natural_length``).
+
+Modelled time on the wire. A client that sends ``x-autotune-clock: modelled`` (no real engine
+reads or sends any of this) gets the simulator's clock: ``GET /v1/models`` answers with the
+headers ``x-autotune-modelled-now`` (modelled seconds) and ``x-autotune-speedup``, and every
+event of a streamed generation is preceded by an SSE comment line ``: modelled <arrival> <t>…`` —
+the request's modelled arrival and the modelled time of each chunk the event stands for. SSE
+clients ignore comments, so the stream stays valid for any client; a client that reads them
+measures the run in modelled time, whatever the speed-up and however loaded the host. The chunks
+one request produced during one event-loop turn go out as one event listing all their times: a
+fast-forwarded engine makes many chunks per wall-clock millisecond, and a client that parsed each
+would fall behind.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune_sim.engine import Engine, Fatal
+from autotune_sim.engine import Engine, Fatal, ModelClock
 from autotune_sim.http import Request, Responder
 from autotune_sim.scheduler import SimRequest
 from autotune_sim.tokenizer import Tokenizer
@@ -29,6 +40,8 @@ from autotune_sim.tokenizer import Tokenizer
 __all__ = ["ApiError", "Exchange", "OpenAIServer", "ServingConfig", "natural_length"]
 
 DONE = b"data: [DONE]\n\n"
+CLOCK_HEADER = "x-autotune-clock"  # value "modelled": the client reads the modelled stamps
+SUCCESSOR_HEADER = "x-autotune-successor"  # "1": another request follows the moment this one ends
 
 
 class ApiError(Exception):
@@ -73,6 +86,10 @@ class EngineGroup:
     def __init__(self, engines: Sequence[Engine]) -> None:
         self.engines = list(engines)
 
+    @property
+    def clock(self) -> ModelClock:
+        return self.engines[0].clock
+
     def submit(self, req: SimRequest) -> Engine:
         engine = min(self.engines, key=lambda e: len(e.scheduler.running) + len(e.scheduler.waiting))
         engine.submit(req)
@@ -91,8 +108,12 @@ class Exchange:
         stream: bool,
         include_usage: bool,
         continuous_usage: bool,
+        stamped: bool = False,
+        successor: bool = False,
     ) -> None:
         self.api, self.responder = api, responder
+        self.stamped = stamped and stream
+        self.successor = successor
         self.chat, self.stream = chat, stream
         self.include_usage, self.continuous_usage = include_usage, continuous_usage
         cfg = api.cfg
@@ -125,7 +146,10 @@ class Exchange:
             if finished or len(pending) >= self.interval:
                 if not self.responder.done:
                     text = pending[0] if len(pending) == 1 else b"".join(pending)
-                    self.responder.write(self._chunk(req.choice, text, req, finished))
+                    chunk = self._chunk(req.choice, text, req, finished)
+                    if self.stamped:
+                        chunk = b": modelled %.6f %.6f\n" % (req.arrival, req.last_token) + chunk
+                    self.responder.write(chunk)
                 pending.clear()
         else:
             self.texts[req.choice].append(self._text_words[index])
@@ -285,6 +309,13 @@ class OpenAIServer:
         return body
 
     # ---------------------------------------------------------------------------- routes
+    def clock_headers(self, request: Request) -> list[tuple[str, str]]:
+        """The modelled clock, for a client that asked for it (see the module doc)."""
+        if request.headers.get(CLOCK_HEADER) != "modelled":
+            return []
+        clock = self.engines.clock
+        return [("x-autotune-modelled-now", f"{clock.now():.6f}"), ("x-autotune-speedup", f"{clock.speedup:g}")]
+
     def models(self, request: Request, resp: Responder) -> None:
         now = int(time.time())
         data = []
@@ -299,7 +330,14 @@ class OpenAIServer:
                 "max_model_len": self.cfg.max_model_len,
             }
             data.append(card)
-        resp.json(200, {"object": "list", "data": data})
+        clock, promised = self.engines.clock, request.headers.get(SUCCESSOR_HEADER, "")
+        if promised == "0":
+            clock.settle()  # a closed-loop client will send no request for a freed slot
+        elif promised.isdigit():  # a closed-loop run starts: its first requests are on their way
+            for _ in range(int(promised)):
+                clock.hold(clock.now())
+        body = json.dumps({"object": "list", "data": data}, separators=(",", ":")).encode()
+        resp.send(200, body, headers=self.clock_headers(request))
 
     def tokenize(self, request: Request, resp: Responder) -> None:
         body = self._body(request)
@@ -331,7 +369,7 @@ class OpenAIServer:
     def completions(self, request: Request, resp: Responder) -> None:
         body = self._body(request)
         prompts = self._prompts(body.get("prompt"))
-        self._generate(body, prompts, resp, chat=False, default_max=16)
+        self._generate(body, prompts, resp, request, chat=False, default_max=16)
 
     def chat(self, request: Request, resp: Responder) -> None:
         body = self._body(request)
@@ -340,7 +378,7 @@ class OpenAIServer:
             raise ApiError(400, "messages must be a non-empty list")
         ids = self.tokenizer.encode_chat(messages, bool(body.get("add_generation_prompt", True)))
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
-        self._generate({**body, "max_tokens": limit}, [ids], resp, chat=True, default_max=None)
+        self._generate({**body, "max_tokens": limit}, [ids], resp, request, chat=True, default_max=None)
 
     # ------------------------------------------------------------------------- internals
     def _prompts(self, prompt: Any) -> list[list[int]]:
@@ -395,7 +433,14 @@ class OpenAIServer:
         return int(wanted)
 
     def _generate(
-        self, body: dict[str, Any], prompts: list[list[int]], resp: Responder, *, chat: bool, default_max: int | None
+        self,
+        body: dict[str, Any],
+        prompts: list[list[int]],
+        resp: Responder,
+        request: Request,
+        *,
+        chat: bool,
+        default_max: int | None,
     ) -> None:
         dead = self._dead_message()
         if dead is not None:
@@ -414,6 +459,8 @@ class OpenAIServer:
             stream=stream,
             include_usage=bool(options.get("include_usage")) or self.cfg.force_include_usage,
             continuous_usage=bool(options.get("continuous_usage_stats")),
+            stamped=request.headers.get(CLOCK_HEADER) == "modelled",
+            successor=request.headers.get(SUCCESSOR_HEADER) == "1",
         )
         ignore_eos = bool(body.get("ignore_eos", False))
         min_tokens = int(body.get("min_tokens") or 0)
@@ -450,6 +497,7 @@ class OpenAIServer:
             priority=priority if isinstance(priority, int) else 0,
             sink=exchange,
             choice=index,
+            successor=exchange.stamped and exchange.successor,
         )
 
     def _start(self, exchange: Exchange, reqs: list[SimRequest], resp: Responder, stream: bool) -> None:

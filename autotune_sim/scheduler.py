@@ -58,6 +58,8 @@ class SimRequest:
         priority: Smaller is more urgent (``--scheduling-policy priority``).
         sink: Receives the generated tokens (the HTTP stream); None for internal requests.
         choice: Index of this request among the choices of its HTTP request.
+        successor: The client promised another request the moment this one ends (a closed-loop
+            client with requests still waiting): the modelled clock holds for it.
     """
 
     rid: int
@@ -69,6 +71,7 @@ class SimRequest:
     priority: int = 0
     sink: Any = None
     choice: int = 0
+    successor: bool = False
     arrival: float = 0.0
     generated: int = 0
     computed: int = 0

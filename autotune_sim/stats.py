@@ -1,8 +1,8 @@
 """Engine counters and latency histograms, in modelled seconds, shared by both dialects.
 
 The dialects render these under their own metric names (``vllm:…`` / ``sglang:…``). The numbers
-are modelled GPU time: a client's wall-clock latency times ``AUTOTUNE_SIM_SPEEDUP`` compares
-with them.
+are modelled GPU time, the time autotune's client measures a simulated run in (it reads the
+modelled stamps of :mod:`autotune_sim.openai`).
 """
 
 from __future__ import annotations

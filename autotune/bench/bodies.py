@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from autotune.bench.plan import Turn
+from autotune.bench.simclock import CLOCK_HEADER, CLOCK_VALUE
 from autotune.bench.transport import stream_timeout
 
 __all__ = ["History", "RequestFactory", "RequestShape"]
@@ -38,6 +39,8 @@ class RequestShape:
         chat: Chat completions (messages) rather than completions (prompt).
         headers: Headers of every request (``Authorization``, content type).
         timeout_s: Per-request timeout.
+        sim_speedup: The simulator's speed-up when the server is one: requests ask for its
+            modelled-time stamps (:mod:`autotune.bench.simclock`); None for a real engine.
     """
 
     url: str
@@ -45,6 +48,7 @@ class RequestShape:
     chat: bool
     headers: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 300.0
+    sim_speedup: float | None = None
 
 
 class RequestFactory:
@@ -53,6 +57,8 @@ class RequestFactory:
     def __init__(self, shape: RequestShape) -> None:
         self.shape = shape
         self._headers = {**shape.headers, "Accept-Encoding": "identity"}
+        if shape.sim_speedup is not None:
+            self._headers[CLOCK_HEADER] = CLOCK_VALUE
         self._extensions = {"timeout": stream_timeout().as_dict()}
 
     def body(self, content: list[int] | str | list[dict[str, str]], output_len: int) -> bytes:

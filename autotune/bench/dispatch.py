@@ -9,6 +9,10 @@ turn fails, the rest of its session is not sent (and counts as failed, on the si
 that failed: those requests were not served). Records are pre-built before the start, one per
 turn, so a result is complete even when the deadline cuts the run short.
 
+Against the simulator the schedule is in modelled seconds: the caller compresses the offsets by
+the speed-up and a think time is compressed here (``RequestShape.sim_speedup``), so the modelled
+server sees the workload's arrival process; pacing itself always follows the wall clock.
+
 The loop's health is measured at the same time (CPU share of the loop thread, wake-up lag of a
 10 ms timer, send lag against the schedule) for the client self-check.
 """
@@ -30,6 +34,7 @@ from autotune.bench.earlystop import STOPPED_ERROR
 from autotune.bench.metrics import CLIENT, RequestRecord
 from autotune.bench.plan import Session
 from autotune.bench.selfcheck import probe_loop
+from autotune.bench.simclock import SUCCESSOR_HEADER
 from autotune.bench.stream import LiveCounters, stream_request
 from autotune.bench.transport import ClientLanes
 
@@ -60,6 +65,7 @@ class ShardOutcome:
     Attributes:
         records: One per turn, ordered by session then turn.
         end: Monotonic time when the last request of the shard ended (or was cut).
+        model_end: The latest modelled stamp the shard saw (runs against the simulator; else 0).
         cpu_s: CPU seconds of the loop thread during the run.
         loop_lags: Wake-up lags of the 10 ms probe timer (seconds).
         deadline_hit: The run deadline cut this shard short.
@@ -74,6 +80,7 @@ class ShardOutcome:
     deadline_hit: bool
     dispatched: int
     stopped: bool = False
+    model_end: float = 0.0
 
 
 @dataclass
@@ -119,7 +126,7 @@ def _mark_cut(records: Sequence[RequestRecord], deadline_s: float) -> None:
     for r in records:
         if r.success or r.error:
             continue
-        sent = "cancelled" if r.start_time else "not sent"
+        sent = "cancelled" if r.sent_time else "not sent"
         r.error = f"{sent} at the run deadline ({deadline_s:g} s)"
         r.failure_side = CLIENT  # the client's own bound cut it, not an answer of the engine
 
@@ -174,6 +181,11 @@ class Dispatcher:
         self.collect_text = collect_text
         self.chat = factory.shape.chat
         self.timeout_s = factory.shape.timeout_s
+        # Wall seconds per modelled second of a think time (1 against a real engine).
+        self.time_scale = 1.0 / (factory.shape.sim_speedup or 1.0)
+        live.modelled = factory.shape.sim_speedup is not None
+        self._queued = 0  # requests waiting for a concurrency slot
+        self._models_url = factory.shape.url.rsplit("/v1/", 1)[0] + "/v1/models"
 
     def prepare(self, shard: Shard) -> Prepared:
         """Build the first request of every session and allocate the records (before the start)."""
@@ -183,7 +195,14 @@ class Dispatcher:
 
     async def _stream(self, request: httpx.Request, record: RequestRecord, sem: asyncio.Semaphore | None) -> str:
         texts: list[str] | None = [] if self.collect_text else None
+        held = self.live.modelled and sem is not None
+        self._queued += sem is not None
         async with sem or contextlib.nullcontext():
+            self._queued -= sem is not None
+            if held:
+                # The simulator holds its clock when this request ends, until the request that
+                # takes its slot arrives or the client says none will (autotune_sim.engine).
+                request.headers[SUCCESSOR_HEADER] = "1"
             lane = self.lanes.acquire()
             try:
                 await stream_request(
@@ -191,7 +210,18 @@ class Dispatcher:
                 )
             finally:
                 self.lanes.release(lane)
+        if held and not self._queued and record.success:
+            await self._release_clock()
         return "".join(texts or ())
+
+    async def _release_clock(self) -> None:
+        """No request waits for the slot just freed: tell the simulator not to hold for one."""
+        lane = self.lanes.acquire()
+        try:
+            with contextlib.suppress(httpx.HTTPError):
+                await lane.get(self._models_url, headers={**self.factory.shape.headers, SUCCESSOR_HEADER: "0"})
+        finally:
+            self.lanes.release(lane)
 
     async def _session(
         self,
@@ -206,14 +236,14 @@ class Dispatcher:
         history: History | None = None
         for i, (turn, rec) in enumerate(zip(session.turns, recs, strict=True)):
             if i:
-                due = recs[i - 1].end_time + session.think_s[i - 1]
+                due = recs[i - 1].wall_end_time + session.think_s[i - 1] * self.time_scale
                 await _sleep_until(due)
                 arrival = monotonic()
                 rec.schedule_lag = arrival - due
                 assert history is not None
                 request = self.factory.follow_up(history, turn)
             answer = await self._stream(request, rec, sem)
-            rec.client_queue_time = rec.start_time - rec.retry_delay_s - arrival
+            rec.client_queue_time = rec.sent_time - rec.retry_delay_s - arrival
             self.on_done(rec)
             if not rec.success:
                 self._abandon(recs[i + 1 :], rec)
@@ -227,6 +257,11 @@ class Dispatcher:
             r.failure_side = failed.failure_side
             self.on_done(r)
 
+    def _gate(self, concurrency: int | None) -> asyncio.Semaphore | None:
+        """The concurrency cap of a phase (None: no cap)."""
+        self._queued = 0
+        return asyncio.Semaphore(concurrency) if concurrency else None
+
     async def warmup(
         self,
         sessions: Sequence[Session],
@@ -234,7 +269,7 @@ class Dispatcher:
         on_done: Callable[[RequestRecord], None] | None = None,
     ) -> int:
         """Send the first turn of each warm-up session at once (capped); return how many failed."""
-        sem = asyncio.Semaphore(concurrency) if concurrency else None
+        sem = self._gate(concurrency)
 
         async def one(session: Session) -> bool:
             record = RequestRecord()
@@ -247,7 +282,7 @@ class Dispatcher:
         return sum(not ok for ok in done)
 
     async def _dispatch(self, prep: Prepared, t0: float, tasks: list[asyncio.Task[None]]) -> None:
-        sem = asyncio.Semaphore(prep.shard.concurrency) if prep.shard.concurrency else None
+        sem = self._gate(prep.shard.concurrency)
         for session, offset, first, recs in zip(
             prep.shard.sessions, prep.shard.offsets, prep.firsts, prep.records, strict=True
         ):
@@ -288,7 +323,7 @@ class Dispatcher:
             _mark_stopped(flat)
         elif hit:
             _mark_cut(flat, deadline_s)
-        return ShardOutcome(flat, end, cpu, list(probe.lags), hit, len(tasks), stopped)
+        return ShardOutcome(flat, end, cpu, list(probe.lags), hit, len(tasks), stopped, self.live.model_time)
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

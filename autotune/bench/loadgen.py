@@ -25,6 +25,11 @@ event loop lagged, whose sends fell behind the schedule, or whose loop thread wa
 flagged ``client_limited`` with the reason and its kind (``starved``, ``cpu_bound``,
 ``schedule_behind``).
 
+Against the simulator (it answers the clock probe of :mod:`autotune.bench.simclock`) the run is
+measured in modelled time: the schedule is compressed by the speed-up for pacing, every time
+comes from the simulator's stamps, and the result keeps the wall-clock duration and the speed-up
+the simulator achieved (``BenchResult.sim_clock``).
+
 Failures are data, each with its side (``engine``: the server answered with a failure;
 ``client``: the client or the transport failed), and only engine-side failures count in
 ``error_rate``. Idle connections are dropped before the server's keep-alive runs out, and a
@@ -37,10 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import resource
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from time import monotonic
 
@@ -56,7 +62,8 @@ from autotune.bench.metrics import CLIENT, RequestRecord, compute_metrics, reque
 from autotune.bench.plan import Plan, Session, build_plan
 from autotune.bench.prompts import PromptFormat, ServerTokenizer
 from autotune.bench.result import BenchProgress, BenchResult
-from autotune.bench.selfcheck import ClientCheck, assess_client, lag_tolerance
+from autotune.bench.selfcheck import ClientCheck, SimTiming, assess_client, assess_modelled_client, lag_tolerance
+from autotune.bench.simclock import SimClock, probe_sim_clock
 from autotune.bench.stream import LiveCounters
 from autotune.bench.transport import ClientLanes, keepalive_expiry, make_client
 from autotune.bench.workers import PoolWatch, WorkerJob, WorkerPool, available_cpus, make_shards, split_concurrency
@@ -154,6 +161,13 @@ def _peak_rate(w: Workload) -> float:
     return max(ramp.start_rps, ramp.end_rps) if ramp is not None else w.arrival.request_rate
 
 
+def _first_wave(w: Workload) -> int:
+    """Requests a closed-loop run sends at once when it starts (0 for a paced run)."""
+    if w.arrival.ramp_up is not None or not math.isinf(w.arrival.request_rate):
+        return 0
+    return min(w.arrival.concurrency or w.num_prompts, w.num_prompts)
+
+
 def auto_workers(w: Workload, cpus: int) -> int:
     """Worker processes for a run: one per ``STREAMS_PER_WORKER`` concurrent streams (the cap, or
     every session when all start at once) or per ``REQUEST_RATE_PER_WORKER`` requests/s, at most
@@ -221,6 +235,7 @@ class _Measured:
     workers: int
     cpu_s: float
     stopped: bool = False
+    sim_clock: dict[str, float] | None = None
 
 
 @dataclass
@@ -237,6 +252,18 @@ class _RunSpec:
     deadline_s: float
     on_progress: Callable[[BenchProgress], None] | None
     early_stop: EarlyStop | None = None
+    sim: SimClock | None = None  # the server is the simulator: times are modelled
+    probe_clock: Callable[[], Awaitable[SimClock | None]] | None = None
+
+    async def anchor_clock(self) -> None:
+        """Re-read the simulator's clock right before the measured phase (it may have re-anchored
+        during the warm-up)."""
+        if self.probe_clock is not None:
+            self.sim = await self.probe_clock() or self.sim
+
+    def run_time(self, wall: float) -> float:
+        """The run's time of monotonic instant ``wall``: modelled against the simulator."""
+        return self.sim.modelled(wall) if self.sim is not None else wall
 
     @property
     def collect_text(self) -> bool:
@@ -248,7 +275,7 @@ class _RunSpec:
 
     def begin_watch(self, t0: float) -> None:
         if self.early_stop is not None:
-            self.early_stop.begin(t0, [t.output_len for s in self.plan.sessions for t in s.turns])
+            self.early_stop.begin(self.run_time(t0), [t.output_len for s in self.plan.sessions for t in s.turns])
 
 
 def _observed(done: Callable[[RequestRecord], None], watch: EarlyStop | None) -> Callable[[RequestRecord], None]:
@@ -265,7 +292,7 @@ def _observed(done: Callable[[RequestRecord], None], watch: EarlyStop | None) ->
 
 async def _watch_run(watch: EarlyStop, live: LiveCounters, stop: asyncio.Event) -> None:
     """Ask the early stop, every tick, whether the run may end; set ``stop`` when it may."""
-    while watch.tick(monotonic(), live.token_chunks) is None:
+    while watch.tick(live.now(), live.token_chunks) is None:
         await asyncio.sleep(EARLY_STOP_TICK_S)
     stop.set()
 
@@ -281,18 +308,39 @@ def _merge(outcomes: Sequence[ShardOutcome], plan: Plan) -> list[RequestRecord]:
     return [r for r in merged if r is not None]
 
 
+def _durations(spec: _RunSpec, t0: float, outcomes: Sequence[ShardOutcome]) -> tuple[float, dict[str, float] | None]:
+    """The run's duration (modelled against the simulator) and, for a simulated run, its clock:
+    asked and achieved speed-up, wall-clock duration."""
+    wall = max((o.end for o in outcomes), default=t0) - t0
+    if spec.sim is None:
+        return wall, None
+    last = max((o.model_end for o in outcomes), default=0.0)
+    start = spec.sim.modelled(t0)
+    # Without a single stamp (nothing was served) the clock mapping is the only estimate.
+    modelled = last - start if last > start else wall * spec.sim.speedup
+    achieved = modelled / wall if wall > 0 else spec.sim.speedup
+    return modelled, {"speedup": spec.sim.speedup, "achieved_speedup": achieved, "wall_duration_s": wall}
+
+
 def _check(
-    spec: _RunSpec, t0: float, records: Sequence[RequestRecord], outcomes: Sequence[ShardOutcome]
+    spec: _RunSpec,
+    t0: float,
+    records: Sequence[RequestRecord],
+    outcomes: Sequence[ShardOutcome],
+    duration: tuple[float, dict[str, float] | None],
 ) -> ClientCheck:
     # Each worker runs its own loop: the busiest one decides whether the client kept up.
     cpu_share = max(o.cpu_s / max(o.end - t0, 1e-9) for o in outcomes)
-    lags = [r.schedule_lag for r in records if r.start_time]
+    lags = [r.schedule_lag for r in records if r.sent_time]
     loop_lags = [lag for o in outcomes for lag in o.loop_lags]
     w = spec.workload
     paced = not math.isinf(w.arrival.request_rate) or w.arrival.ramp_up is not None
-    duration = max((o.end for o in outcomes), default=t0) - t0
-    tolerance = lag_tolerance(w.slos, latency_judged=w.judges_latency, duration_s=duration)
-    return assess_client(cpu_share, lags, loop_lags, paced, tolerance)
+    seconds, clock = duration
+    tolerance = lag_tolerance(w.slos, latency_judged=w.judges_latency, duration_s=seconds)
+    if clock is None:
+        return assess_client(cpu_share, lags, loop_lags, paced, tolerance)
+    sim = SimTiming(clock["speedup"], clock["achieved_speedup"], held=w.arrival.concurrency is not None)
+    return assess_modelled_client(cpu_share, lags, loop_lags, paced, tolerance, sim)
 
 
 async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
@@ -308,6 +356,7 @@ async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
         warm.finish()
     n = len(spec.plan.sessions)
     prepared = dispatcher.prepare(Shard(spec.plan.sessions, list(range(n)), spec.offsets, w.arrival.concurrency))
+    await spec.anchor_clock()
     measure.start = t0 = monotonic()
     spec.begin_watch(t0)
     stop = asyncio.Event() if spec.early_stop is not None else None
@@ -319,9 +368,10 @@ async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
             watcher.cancel()
     measure.finish()
     records = _merge([outcome], spec.plan)
-    check = _check(spec, t0, records, [outcome])
-    m = _Measured(records, outcome.end - t0, outcome.deadline_hit, check, warm_failed, 1, outcome.cpu_s)
-    m.stopped = outcome.stopped
+    duration = _durations(spec, t0, [outcome])
+    check = _check(spec, t0, records, [outcome], duration)
+    m = _Measured(records, duration[0], outcome.deadline_hit, check, warm_failed, 1, outcome.cpu_s)
+    m.stopped, m.sim_clock = outcome.stopped, duration[1]
     return m
 
 
@@ -351,15 +401,17 @@ async def _measure_sharded(spec: _RunSpec, workers: int) -> _Measured:
         warm_progress.set(len(warm), warm_failed, 0)
         warm_progress.finish()
         measure = _Progress("measure", spec.plan.num_requests, spec.on_progress)
+        await spec.anchor_clock()
         t0, outcomes = await pool.run(measure.set, _pool_watch(spec))
         measure.set(spec.plan.num_requests, sum(not r.success for o in outcomes for r in o.records), measure.chunks)
         measure.finish()
     records = _merge(outcomes, spec.plan)
-    end = max(o.end for o in outcomes)
-    check = _check(spec, t0, records, outcomes)
+    duration = _durations(spec, t0, outcomes)
+    check = _check(spec, t0, records, outcomes, duration)
     hit = any(o.deadline_hit for o in outcomes)
     cpu = sum(o.cpu_s for o in outcomes)
-    return _Measured(records, end - t0, hit, check, warm_failed, workers, cpu, any(o.stopped for o in outcomes))
+    stopped = any(o.stopped for o in outcomes)
+    return _Measured(records, duration[0], hit, check, warm_failed, workers, cpu, stopped, duration[1])
 
 
 def _pool_watch(spec: _RunSpec) -> PoolWatch | None:
@@ -438,11 +490,14 @@ async def run_workload(
         salt = new_salt() if workload.fresh_prompts_per_run else 0
     try:
         served = model or await _served_model(http, base, headers)
+        sim = await probe_sim_clock(http, base, headers)
         reset = await reset_prefix_cache(http, base, headers) if workload.reset_prefix_cache else None
         spec = await _spec(
-            http, base, served, headers, workload, fmt, salt, (tls, keepalive_s), deadline_s, on_progress
+            http, base, served, headers, workload, fmt, salt, (tls, keepalive_s), deadline_s, on_progress, sim
         )
         spec.early_stop = early_stop
+        if sim is not None:
+            spec.probe_clock = functools.partial(probe_sim_clock, http, base, headers, hold=_first_wave(workload))
         n = 1 if client is not None else (workers or auto_workers(workload, available_cpus()))
         measured = await (_measure_inline(spec, lanes) if n == 1 else _measure_sharded(spec, n))
     finally:
@@ -463,8 +518,10 @@ async def _spec(
     connection: tuple[bool, float],
     deadline_s: float | None,
     on_progress: Callable[[BenchProgress], None] | None,
+    sim: SimClock | None,
 ) -> _RunSpec:
-    """Build the plan, the warm-up, the schedule and the deadline of one run."""
+    """Build the plan, the warm-up, the schedule (in wall seconds: a simulator's is compressed by
+    its speed-up) and the deadline of one run."""
     tok = ServerTokenizer(http, base, model, headers)
     plan = await build_plan(tok, w, w.num_prompts, fmt=fmt, salt=salt)
     warm = None
@@ -473,9 +530,11 @@ async def _spec(
     offsets = schedule(len(plan.sessions), w.arrival, np.random.default_rng([w.seed, ARRIVAL_STREAM]))
     turns = max(len(s.turns) for s in plan.sessions)
     deadline = deadline_s if deadline_s is not None else _default_deadline(w, float(offsets[-1]), turns)
-    shape = RequestShape(base + _route(w), model, w.endpoint == "chat", headers, w.request_timeout_s)
+    speedup = sim.speedup if sim is not None else None
+    shape = RequestShape(base + _route(w), model, w.endpoint == "chat", headers, w.request_timeout_s, speedup)
     tls, keepalive_s = connection
-    return _RunSpec(w, shape, tls, keepalive_s, plan, warm, offsets.tolist(), deadline, on_progress)
+    wall_offsets = (offsets / speedup if speedup else offsets).tolist()
+    return _RunSpec(w, shape, tls, keepalive_s, plan, warm, wall_offsets, deadline, on_progress, sim=sim)
 
 
 def _count_clamped(records: Sequence[RequestRecord]) -> int:
@@ -561,6 +620,7 @@ def _result(
         client_workers=m.workers,
         client_cpu_s=m.cpu_s,
         early_stop=decision.to_json() if decision is not None else None,
+        sim_clock=m.sim_clock,
     )
 
 

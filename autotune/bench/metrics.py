@@ -62,7 +62,9 @@ CLIENT: FailureSide = "client"  # the client or the transport failed; the engine
 @dataclass(slots=True)
 class RequestRecord:
     """One request as the client saw it. Times are ``time.monotonic()`` seconds (one clock for
-    every process on the machine, so records of worker processes can be merged).
+    every process on the machine, so records of worker processes can be merged); against the
+    simulator they are its modelled seconds (:mod:`autotune.bench.simclock`), except
+    ``sent_time`` and ``wall_end_time``, which are always the wall clock.
 
     Attributes:
         success: HTTP 200, at least one chunk with choices, and no error event in the stream.
@@ -85,6 +87,8 @@ class RequestRecord:
             retried request, just before the retry was sent.
         first_token_time: Arrival of the first token chunk.
         end_time: Arrival of the last token chunk.
+        sent_time: Monotonic time the request (its retry, when retried) was sent.
+        wall_end_time: Monotonic time the last token chunk arrived.
         client_queue_time: Time spent waiting for the concurrency semaphore (a retry's delay
             excluded).
         schedule_lag: How late the request left against its planned arrival time.
@@ -111,6 +115,8 @@ class RequestRecord:
     start_time: float = 0.0
     first_token_time: float = 0.0
     end_time: float = 0.0
+    sent_time: float = 0.0
+    wall_end_time: float = 0.0
     client_queue_time: float = 0.0
     schedule_lag: float = 0.0
     n_chunks: int = 0

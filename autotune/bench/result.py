@@ -47,7 +47,7 @@ class BenchResult:
     Attributes:
         metrics: ``compute_metrics`` output (vLLM key names).
         records: One record per measured request, in dispatch order.
-        duration_s: Dispatch + gather wall time.
+        duration_s: Dispatch + gather time (modelled seconds against the simulator, see ``sim_clock``).
         model: Served model id used in the requests.
         workload: The workload that was run.
         prompt_format: ``ids`` or ``text``.
@@ -70,6 +70,9 @@ class BenchResult:
         client_workers: Event loops (processes) that generated the load.
         client_cpu_s: CPU seconds the event-loop threads spent on the measured run, all workers.
         date: Local start time, ``YYYYmmdd-HHMMSS`` as vLLM writes it.
+        sim_clock: For a run against the simulator, measured in its modelled time:
+            ``speedup`` (asked), ``achieved_speedup`` (modelled over wall duration) and
+            ``wall_duration_s``; None for a real engine (wall-clock times).
         early_stop: Why the run ended early (``reason``, ``at_requests``, ``evidence``; see
             :mod:`autotune.bench.earlystop`), or None for a run that went to its end. A stopped
             run's records and metrics are the requests that finished before the stop.
@@ -96,6 +99,7 @@ class BenchResult:
     client_cpu_s: float = 0.0
     date: str = field(default_factory=lambda: datetime.now().strftime("%Y%m%d-%H%M%S"))
     early_stop: dict[str, Any] | None = None
+    sim_clock: dict[str, float] | None = None
 
     @property
     def client_limited(self) -> bool:
@@ -206,6 +210,8 @@ class BenchResult:
             "retried_requests": self.retried_requests,
             "retry_samples": _retry_samples(self.records),
             "early_stop": self.early_stop,
+            "clock": "modelled" if self.sim_clock is not None else "wall",
+            "sim_clock": self.sim_clock,
         }
 
     def _per_request(self) -> dict[str, list[Any]]:

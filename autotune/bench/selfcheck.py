@@ -18,6 +18,15 @@ The verdict (``ClientCheck.kind``):
 
 A low CPU share on its own is *not* starvation: a client waiting for a slow engine idles, and its
 loop still wakes on time. Only the loop's lateness says that it could not run when it had to.
+
+A run against the simulator is timed by the simulator's modelled stamps, not by the client's
+clock, so a late wake-up no longer moves a timestamp (:func:`assess_modelled_client`). What a
+late client still changes there is the load of a paced workload: a send that leaves late
+arrives late in modelled time, by the lateness times the speed-up. Such a run is judged by that
+amplified lateness, and by the simulator's own clock: ``sim_behind`` when it ran slower than the
+asked speed-up, which packs a paced workload's arrivals denser than declared. A closed-loop run
+needs neither: the simulator holds its clock while a freed slot waits for the client's next
+request (:mod:`autotune.bench.simclock`).
 """
 
 from __future__ import annotations
@@ -34,9 +43,18 @@ import numpy as np
 
 from autotune.config import LATENCY_KEY
 
-__all__ = ["ClientCheck", "LimitKind", "LoopLagProbe", "assess_client", "lag_tolerance", "probe_loop"]
+__all__ = [
+    "ClientCheck",
+    "LimitKind",
+    "LoopLagProbe",
+    "SimTiming",
+    "assess_client",
+    "assess_modelled_client",
+    "lag_tolerance",
+    "probe_loop",
+]
 
-LimitKind = Literal["", "starved", "cpu_bound", "schedule_behind"]
+LimitKind = Literal["", "starved", "cpu_bound", "schedule_behind", "sim_behind"]
 
 # Loop lag (p99 of a 10 ms timer's wake-up delay) that is still noise, not a client limit. On a
 # box shared with the engine the kernel's scheduler alone delays a waiting process by a time
@@ -53,6 +71,9 @@ LOOP_LAG_SLO_FRACTION = 0.10
 # request waited that long once, the throughput would move by less than that share.
 THROUGHPUT_STALL_SHARE = 0.01
 CPU_SHARE_LIMIT = 0.90  # of one core: the event loop is single-threaded
+# The simulator may run this much slower than asked before a paced workload's arrivals are
+# packed denser than declared by more than the share of a run's noise.
+SIM_CLOCK_SHARE = 0.95
 LOOP_PROBE_INTERVAL_S = 0.01
 
 
@@ -158,6 +179,57 @@ def assess_client(
     elif late_sends:
         kind = "schedule_behind"
     max_loop = max(loop_lags, default=0.0) * 1000.0
+    return ClientCheck(cpu_share, sched, loop, max_loop, bool(reasons), "; ".join(reasons), kind, limit_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class SimTiming:
+    """What the simulator's stamps said about a run: the asked and the achieved speed-up, and
+    whether its clock was held for closed-loop hand-offs (then the achieved speed-up is lower by
+    the holds, not by lag)."""
+
+    speedup: float
+    achieved: float
+    held: bool = False
+
+
+def assess_modelled_client(
+    cpu_share: float,
+    schedule_lags: Sequence[float],
+    loop_lags: Sequence[float],
+    finite_rate: bool,
+    tolerance_s: float,
+    sim: SimTiming,
+) -> ClientCheck:
+    """Judge a run timed by the simulator's modelled stamps (see the module doc).
+
+    Args:
+        cpu_share: Loop-thread CPU seconds over wall seconds (reported; a busy loop shows up as
+            late sends or hand-offs, which are judged).
+        schedule_lags: Per-request wall-clock send delay against the (compressed) schedule.
+        loop_lags: Event-loop wake-up delays (wall seconds).
+        finite_rate: Whether the workload is paced (a request rate or ramp-up).
+        tolerance_s: Send lag still taken as noise, in modelled seconds (:func:`lag_tolerance`).
+        sim: The asked and achieved speed-ups.
+    """
+    scale = max(sim.achieved, 1e-9)
+    sched = _p99_ms(schedule_lags) * scale
+    loop = _p99_ms(loop_lags) * scale
+    limit_ms = tolerance_s * 1000.0
+    reasons: list[str] = []
+    kind: LimitKind = ""
+    if finite_rate and not sim.held and sim.achieved < SIM_CLOCK_SHARE * sim.speedup:
+        kind = "sim_behind"
+        reasons.append(
+            f"the simulator ran at {sim.achieved:.1f}x of the asked {sim.speedup:g}x (the host could not keep its "
+            "modelled clock): arrivals came denser than the schedule"
+        )
+    if finite_rate and sched > limit_ms:
+        kind = kind or "schedule_behind"
+        reasons.append(
+            f"p99 send lag {sched:.1f} modelled ms behind the arrival schedule (tolerance {limit_ms:.0f} ms)"
+        )
+    max_loop = max(loop_lags, default=0.0) * 1000.0 * scale
     return ClientCheck(cpu_share, sched, loop, max_loop, bool(reasons), "; ".join(reasons), kind, limit_ms)
 
 

@@ -38,6 +38,11 @@ Differences, each on purpose:
   the load generator's network backend (:func:`~autotune.bench.netbackend.count_reads`); through
   another transport an error raised before the response headers is taken as "no byte".
 
+Against the simulator (``LiveCounters.modelled``) every time of the record is modelled, read from
+the stamp the simulator puts before each chunk (:mod:`autotune.bench.simclock`): the start is the
+request's modelled arrival, and a token chunk without a stamp fails the request. ``sent_time``
+and ``wall_end_time`` keep the wall clock for pacing the next turn.
+
 The body is read with ``aiter_raw`` (requests ask for ``Accept-Encoding: identity``, so raw bytes
 are the payload) and split into lines here: one layer less per chunk than ``aiter_bytes``, and
 the hot path is the per-chunk cost. For the same reason a completions token chunk is recognised
@@ -60,15 +65,28 @@ import httpx
 
 from autotune.bench.metrics import CLIENT, ENGINE, FailureSide, RequestRecord
 from autotune.bench.netbackend import count_reads
+from autotune.bench.simclock import STAMP_PREFIX, parse_stamp
 
 __all__ = ["LiveCounters", "stream_request"]
 
 
 @dataclass(slots=True)
 class LiveCounters:
-    """Counters shared by all in-flight requests, read by the progress callback."""
+    """State shared by all in-flight requests of one event loop, read by the progress callback.
+
+    Attributes:
+        token_chunks: Token chunks streamed so far.
+        modelled: The server is the simulator: times are its modelled stamps.
+        model_time: The latest modelled stamp seen (modelled runs).
+    """
 
     token_chunks: int = 0
+    modelled: bool = False
+    model_time: float = 0.0
+
+    def now(self) -> float:
+        """The run's clock: the latest modelled stamp against the simulator, else monotonic time."""
+        return self.model_time if self.modelled else monotonic()
 
 
 # A completions chunk whose top-level "choices" list holds an object is a token event. Inside a
@@ -145,7 +163,7 @@ def _error_text(data: Mapping[str, Any]) -> str:
 class _SseTimer:
     """Feeds SSE lines into a record; one instance per request."""
 
-    __slots__ = ("chat", "fast", "first", "last", "live", "record", "start", "texts")
+    __slots__ = ("chat", "fast", "first", "last", "live", "record", "stamp", "start", "texts")
 
     def __init__(
         self, record: RequestRecord, start: float, chat: bool, live: LiveCounters, texts: list[str] | None
@@ -159,11 +177,15 @@ class _SseTimer:
         self.texts = texts
         # Completions token chunks are recognised without a JSON parse (see _TOKEN_CHUNK).
         self.fast = not chat and texts is None
+        self.stamp: tuple[float, float] | None = None  # (arrival, t) of the next chunks, modelled
 
     def line(self, raw: bytes, ts: float) -> None:
         line = raw.strip()
-        # Blank lines end an event; ':' lines are pings; event:/id: lines carry no payload here.
+        # Blank lines end an event; ':' lines are pings (or the simulator's modelled stamps);
+        # event:/id: lines carry no payload here.
         if not line.startswith(b"data:"):
+            if self.live.modelled and line.startswith(STAMP_PREFIX):
+                self._stamp(line)
             return
         payload = line[5:].strip()
         if payload == b"[DONE]":
@@ -179,9 +201,18 @@ class _SseTimer:
             raise _StreamFailed(f"SSE payload is not an object: {_one_line(str(data))}")
         self.event(data, ts)
 
+    def _stamp(self, line: bytes) -> None:
+        try:
+            self.stamp = parse_stamp(line)
+        except ValueError:
+            raise _StreamFailed(f"malformed modelled-time stamp: {_one_line(line.decode(errors='replace'))}") from None
+
     def token(self, ts: float, empty: bool) -> None:
         """A chunk with choices: the first sets TTFT, each later one adds an ITL gap."""
         rec = self.record
+        rec.wall_end_time = ts
+        if self.live.modelled:
+            ts = self._modelled(ts)
         if self.first:
             self.first = False
             rec.ttft = ts - self.start
@@ -192,6 +223,17 @@ class _SseTimer:
         rec.n_chunks += 1
         rec.n_empty_chunks += empty
         self.live.token_chunks += 1
+
+    def _modelled(self, wall: float) -> float:
+        """The modelled time of this chunk; the first one moves the start to the modelled arrival."""
+        if self.stamp is None:
+            raise _StreamFailed("a token chunk came without the simulator's modelled-time stamp")
+        arrival, t = self.stamp
+        if self.first:
+            self.start = self.record.start_time = arrival
+        if t > self.live.model_time:
+            self.live.model_time = t
+        return t
 
     def event(self, data: dict[str, Any], ts: float) -> None:
         rec = self.record
@@ -257,7 +299,7 @@ async def _attempt(
         _StreamFailed, httpx.HTTPError, ...: Other failures, classified by the caller.
     """
     start = monotonic()
-    record.start_time = start
+    record.start_time = record.sent_time = start
     timer = _SseTimer(record, start, chat, live, texts)
     with count_reads() as tally:
         try:
@@ -315,13 +357,13 @@ async def stream_request(
             try:
                 await _attempt(client, request, record, chat, live, texts)
             except _NeverReached as first:
-                sent = record.start_time
+                sent = record.sent_time
                 record.retried = True
                 record.retry_error = str(first)
                 try:
                     await _attempt(client, request, record, chat, live, texts)
                 finally:
-                    record.retry_delay_s = record.start_time - sent
+                    record.retry_delay_s = record.sent_time - sent
     except _NeverReached as err:  # the retry never reached the server either
         _fail(record, str(err), err.side)
     except _StreamFailed as err:

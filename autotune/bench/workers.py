@@ -165,7 +165,7 @@ class _Channel:
 async def _report(channel: _Channel, counts: _Counts, live: LiveCounters) -> None:
     while True:
         await asyncio.sleep(REPORT_INTERVAL_S)
-        channel.send("progress", counts.done, counts.failed, live.token_chunks, counts.take(), monotonic())
+        channel.send("progress", counts.done, counts.failed, live.token_chunks, counts.take(), live.now())
 
 
 def _listen_for_stop(stop: asyncio.Event) -> None:
@@ -200,7 +200,7 @@ async def _work(channel: _Channel, job: WorkerJob) -> None:
             outcome = await dispatcher.run(prepared, message[1], job.deadline_s, stop)
         finally:
             reporter.cancel()
-        channel.send("progress", measured.done, measured.failed, live.token_chunks, measured.take(), monotonic())
+        channel.send("progress", measured.done, measured.failed, live.token_chunks, measured.take(), live.now())
         channel.send("done", outcome)
     finally:
         await lanes.aclose()

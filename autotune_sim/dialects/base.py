@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import TextIO
 
-from autotune_sim.engine import Engine, EngineObserver
+from autotune_sim.engine import Engine, EngineObserver, ModelClock
 from autotune_sim.http import Handler, Request, Responder, serve
 from autotune_sim.kvcache import BlockPool
 from autotune_sim.memory import Footprint
@@ -142,6 +142,7 @@ class Runtime:
         self.server: asyncio.AbstractServer | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._exit_hooks: list[Callable[[], object]] = []
+        self.model_clock: ModelClock | None = None  # one for every engine core of the process
 
     def at_exit(self, callback: Callable[[], object]) -> None:
         """Run ``callback`` when the process leaves through :meth:`exit` or :meth:`kill_self`
@@ -222,18 +223,19 @@ class Runtime:
         """An engine core on this process's clock, with the settings' noise, seed and faults."""
         s = self.settings
         loop = asyncio.get_running_loop()
+        if self.model_clock is None:
+            self.model_clock = ModelClock(s.speedup, loop.time)
         return Engine(
             scheduler,
             perf,
             stats,
             fp=fp,
             headroom=headroom,
-            speedup=s.speedup,
             noise=s.noise,
             seed=s.seed + rank,
             faults=s.faults,
             observer=observer,
-            clock=loop.time,
+            clock=self.model_clock,
         )
 
 

@@ -117,8 +117,9 @@ def test_capacity_search_finds_the_edge(sim: str) -> None:
             "num_prompts": 60,
             "warmup_requests": 2,
             "dataset": {"input_len": 1024, "output_len": 64},
-            "slos": {"p50_ttft_ms": 150},
-            "capacity": {"start": 12, "rel_tol": 0.25, "max_runs": 9, "seconds_per_run": 3.0},
+            # A 1024-token prefill alone takes ~170 modelled ms on the simulated L4.
+            "slos": {"p50_ttft_ms": 400},
+            "capacity": {"start": 2, "rel_tol": 0.25, "max_runs": 9, "seconds_per_run": 3.0},
         },
         "test",
     )

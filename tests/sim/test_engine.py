@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from autotune_sim.engine import Engine, Fatal
+from autotune_sim.engine import Engine, Fatal, ModelClock
 from autotune_sim.kvcache import BlockPool
 from autotune_sim.memory import GIB, footprint
 from autotune_sim.perf import PerfModel
@@ -82,12 +82,11 @@ def run(
             stats,
             fp=FP,
             headroom=headroom,
-            speedup=1e9,
             noise=noise,
             seed=seed,
             faults=faults or FaultPlan(),
             observer=rec,
-            clock=lambda: 0.0,
+            clock=ModelClock(1e9, lambda: 0.0),
         )
         task = asyncio.create_task(engine.run())
         for i in range(n):
