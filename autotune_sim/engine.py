@@ -240,13 +240,6 @@ class Engine:
             self.observer.on_step(batch, self.t)
 
     async def _idle(self) -> None:
-        # An engine that fell behind its clock (by less than LAG_LIMIT_S, which a busy engine
-        # catches up on) goes idle at its own time: a request arriving next must not be stamped
-        # later by the lag times the speed-up.
-        behind = self.clock.wall() - self.clock.due(self.t)
-        if behind > 0:
-            self.stats.wall_lag_s += behind
-            self.clock.anchor(self.t)
         self._wake.clear()
         await self._wake.wait()
 

@@ -66,7 +66,15 @@ from autotune.bench.selfcheck import ClientCheck, SimTiming, assess_client, asse
 from autotune.bench.simclock import SimClock, probe_sim_clock
 from autotune.bench.stream import LiveCounters
 from autotune.bench.transport import ClientLanes, keepalive_expiry, make_client
-from autotune.bench.workers import PoolWatch, WorkerJob, WorkerPool, available_cpus, make_shards, split_concurrency
+from autotune.bench.workers import (
+    START_AHEAD_S,
+    PoolWatch,
+    WorkerJob,
+    WorkerPool,
+    available_cpus,
+    make_shards,
+    split_concurrency,
+)
 from autotune.config import Workload
 from autotune.errors import BenchmarkError
 
@@ -308,9 +316,12 @@ def _merge(outcomes: Sequence[ShardOutcome], plan: Plan) -> list[RequestRecord]:
     return [r for r in merged if r is not None]
 
 
-def _durations(spec: _RunSpec, t0: float, outcomes: Sequence[ShardOutcome]) -> tuple[float, dict[str, float] | None]:
+def _durations(
+    spec: _RunSpec, t0: float, records: Sequence[RequestRecord], outcomes: Sequence[ShardOutcome]
+) -> tuple[float, dict[str, float] | None]:
     """The run's duration (modelled against the simulator) and, for a simulated run, its clock:
-    asked and achieved speed-up, wall-clock duration."""
+    asked and achieved speed-up (modelled time to the last token over the wall time to its
+    arrival), wall-clock duration."""
     wall = max((o.end for o in outcomes), default=t0) - t0
     if spec.sim is None:
         return wall, None
@@ -318,7 +329,8 @@ def _durations(spec: _RunSpec, t0: float, outcomes: Sequence[ShardOutcome]) -> t
     start = spec.sim.modelled(t0)
     # Without a single stamp (nothing was served) the clock mapping is the only estimate.
     modelled = last - start if last > start else wall * spec.sim.speedup
-    achieved = modelled / wall if wall > 0 else spec.sim.speedup
+    to_last = max((r.wall_end_time for r in records), default=0.0) - t0
+    achieved = (last - start) / to_last if last > start and to_last > 0 else spec.sim.speedup
     return modelled, {"speedup": spec.sim.speedup, "achieved_speedup": achieved, "wall_duration_s": wall}
 
 
@@ -357,7 +369,9 @@ async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
     n = len(spec.plan.sessions)
     prepared = dispatcher.prepare(Shard(spec.plan.sessions, list(range(n)), spec.offsets, w.arrival.concurrency))
     await spec.anchor_clock()
-    measure.start = t0 = monotonic()
+    # The start lies a little ahead, as a sharded run's does: the GC freeze and the set-up of the
+    # run's loop happen before it, not as a late first send.
+    measure.start = t0 = monotonic() + START_AHEAD_S
     spec.begin_watch(t0)
     stop = asyncio.Event() if spec.early_stop is not None else None
     watcher = asyncio.create_task(_watch_run(spec.early_stop, live, stop)) if spec.early_stop and stop else None
@@ -368,7 +382,7 @@ async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
             watcher.cancel()
     measure.finish()
     records = _merge([outcome], spec.plan)
-    duration = _durations(spec, t0, [outcome])
+    duration = _durations(spec, t0, records, [outcome])
     check = _check(spec, t0, records, [outcome], duration)
     m = _Measured(records, duration[0], outcome.deadline_hit, check, warm_failed, 1, outcome.cpu_s)
     m.stopped, m.sim_clock = outcome.stopped, duration[1]
@@ -406,7 +420,7 @@ async def _measure_sharded(spec: _RunSpec, workers: int) -> _Measured:
         measure.set(spec.plan.num_requests, sum(not r.success for o in outcomes for r in o.records), measure.chunks)
         measure.finish()
     records = _merge(outcomes, spec.plan)
-    duration = _durations(spec, t0, outcomes)
+    duration = _durations(spec, t0, records, outcomes)
     check = _check(spec, t0, records, outcomes, duration)
     hit = any(o.deadline_hit for o in outcomes)
     cpu = sum(o.cpu_s for o in outcomes)

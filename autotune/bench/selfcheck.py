@@ -71,9 +71,10 @@ LOOP_LAG_SLO_FRACTION = 0.10
 # request waited that long once, the throughput would move by less than that share.
 THROUGHPUT_STALL_SHARE = 0.01
 CPU_SHARE_LIMIT = 0.90  # of one core: the event loop is single-threaded
-# The simulator may run this much slower than asked before a paced workload's arrivals are
-# packed denser than declared by more than the share of a run's noise.
-SIM_CLOCK_SHARE = 0.95
+# A simulator slower than asked packs a paced workload's arrivals denser than declared, by the
+# shortfall: up to 10 % is inside the spread of repeated runs of one configuration (2–5 % in a
+# quiet demo, 14–30 % on the shared real test bed, benchmarks/README.md); below it the run is marked.
+SIM_CLOCK_SHARE = 0.90
 LOOP_PROBE_INTERVAL_S = 0.01
 
 

@@ -42,14 +42,20 @@ SUCCESSOR_HEADER = "x-autotune-successor"
 
 @dataclass(frozen=True)
 class SimClock:
-    """The simulator's clock as one probe saw it: modelled ``anchor_m`` at monotonic ``anchor_wall``."""
+    """The simulator's clock as one probe saw it: modelled ``anchor_m`` at monotonic ``anchor_wall``;
+    ``held``: the probe asked it to hold for a first wave of requests, so it stands at ``anchor_m``
+    until they arrive."""
 
     speedup: float
     anchor_m: float
     anchor_wall: float
+    held: bool = False
 
     def modelled(self, wall: float) -> float:
-        """The modelled time of monotonic instant ``wall`` (exact while the simulator keeps its clock)."""
+        """The modelled time of monotonic instant ``wall`` (exact while the simulator keeps its clock;
+        a held clock stands still until the run's first requests have arrived)."""
+        if self.held:
+            return self.anchor_m
         return self.anchor_m + (wall - self.anchor_wall) * self.speedup
 
 
@@ -82,6 +88,6 @@ async def probe_sim_clock(
         return None
     try:
         # The stamp was taken while the answer was on its way: mid-way is the best guess.
-        return SimClock(float(speedup), float(now), (sent + monotonic()) / 2)
+        return SimClock(float(speedup), float(now), (sent + monotonic()) / 2, held=hold > 0)
     except ValueError:
         return None

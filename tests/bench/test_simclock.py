@@ -18,6 +18,8 @@ def test_the_clock_maps_wall_seconds_to_modelled_ones_at_its_speedup() -> None:
     clock = SimClock(speedup=20.0, anchor_m=100.0, anchor_wall=5.0)
     assert clock.modelled(5.0) == 100.0
     assert clock.modelled(5.5) == pytest.approx(110.0)
+    # Held for a closed-loop run's first wave: it stands still until that wave has arrived.
+    assert SimClock(speedup=20.0, anchor_m=100.0, anchor_wall=5.0, held=True).modelled(5.5) == 100.0
 
 
 def test_a_paced_run_whose_simulator_fell_behind_is_marked_but_a_held_one_is_not() -> None:
