@@ -57,12 +57,13 @@ postgres:
 # nothing a README sentence leans on may skip (each AUTOTUNE_REQUIRE_* turns its skip into a
 # failure). The unit and sim tiers run two at a time (a simulated run is measured in the
 # simulator's modelled time, so a loaded host does not change its numbers); the real engine's
-# tier runs alone, because a real engine takes both cores and its runs are timed by the wall
-# clock. Each phase closes with its skip summary (-ra) and its 10 slowest tests.
+# tier and the tests marked `alone` run by themselves, because a real engine takes both cores and
+# its runs are timed by the wall clock, and a paced simulated run at 20x keeps its schedule only
+# on a host it does not share. Each phase closes with its skip summary (-ra) and its 10 slowest tests.
 TEST_ENV = AUTOTUNE_REQUIRE_REAL_ENGINE=1 AUTOTUNE_REQUIRE_BROWSER=1 AUTOTUNE_REQUIRE_POSTGRES=1
 test: setup engine lint browser postgres
-	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 -m "not real_engine" --durations=10
-	$(TEST_ENV) $(VENV)/bin/pytest -q -m real_engine --durations=10
+	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 -m "not real_engine and not alone" --durations=10
+	$(TEST_ENV) $(VENV)/bin/pytest -q -m "real_engine or alone" --durations=10
 
 clean:
 	rm -rf $(VENV) results/*/

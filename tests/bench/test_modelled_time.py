@@ -19,7 +19,9 @@ from autotune.bench.loadgen import run_workload_sync
 from autotune.bench.metrics import slo_violations
 from autotune.config import Workload
 
-pytestmark = pytest.mark.sim
+# At 20x a paced run's sends must leave within 2.5 wall ms of their schedule (50 modelled ms):
+# a host shared with another test's engine misses that, and the run is rightly marked.
+pytestmark = [pytest.mark.sim, pytest.mark.alone]
 
 SPEEDUPS = (1, 5, 20)
 STEP_MS = 1.5
