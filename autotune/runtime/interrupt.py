@@ -22,7 +22,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["acknowledge", "install", "silence_stderr"]
+__all__ = ["acknowledge", "install", "requested", "silence_stderr"]
 
 RECHECK_S = 0.5  # how often the watcher looks; twice in a row without the interrupt in hand = lost
 
@@ -37,6 +37,12 @@ def install() -> None:
         signals.append(signal.SIGINT)
     for sig in signals:
         signal.signal(sig, _handler)
+
+
+def requested() -> bool:
+    """Whether a stop signal arrived: an error raised while the work unwinds from it is the stop,
+    not news (an HTTP stream closed mid-cancel can raise one of its own)."""
+    return _requested.is_set()
 
 
 def acknowledge() -> None:

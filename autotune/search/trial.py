@@ -51,6 +51,7 @@ from autotune.errors import (
     StartupTimeout,
 )
 from autotune.outcomes import Outcome
+from autotune.runtime import interrupt
 from autotune.runtime.cpuset import CpuPartition, pinned
 from autotune.runtime.ports import free_port
 from autotune.runtime.process import EngineProcess
@@ -330,6 +331,12 @@ class _Trial:
                 deadline_s=self.spec.bench_timeout_s,
                 early_stop=watch,
             )
+        except Exception:
+            # A stop signal cancels the run's tasks; an HTTP stream torn down mid-cancel can raise
+            # an error of its own (anyio's "cancel scope" RuntimeError), which must not hide the stop.
+            if interrupt.requested():
+                raise KeyboardInterrupt from None
+            raise
         finally:
             if monitor is not None:
                 monitor.stop()
