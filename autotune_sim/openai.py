@@ -14,13 +14,13 @@ model stops on its own after a deterministic, prompt-dependent length (``natural
 Modelled time on the wire. A client that sends ``x-autotune-clock: modelled`` (no real engine
 reads or sends any of this) gets the simulator's clock: ``GET /v1/models`` answers with the
 headers ``x-autotune-modelled-now`` (modelled seconds) and ``x-autotune-speedup``, and every
-event of a streamed generation is preceded by an SSE comment line ``: modelled <arrival> <t>…`` —
-the request's modelled arrival and the modelled time of each chunk the event stands for. SSE
-clients ignore comments, so the stream stays valid for any client; a client that reads them
-measures the run in modelled time, whatever the speed-up and however loaded the host. The chunks
-one request produced during one event-loop turn go out as one event listing all their times: a
-fast-forwarded engine makes many chunks per wall-clock millisecond, and a client that parsed each
-would fall behind.
+streamed chunk of a generation is preceded by an SSE comment line ``: modelled <arrival> <t>`` —
+the request's modelled arrival and the modelled time of the chunk's last token. SSE clients
+ignore comments, so the stream stays valid for any client; a client that reads them measures the
+run in modelled time, whatever the speed-up and however loaded the host. A request that carries
+``x-autotune-successor: 1`` holds the modelled clock when it ends, until the client's next
+request (or ``x-autotune-successor: 0`` on ``/v1/models``: none will come; a number there: a run's
+first wave of that many requests is on its way) — see :class:`~autotune_sim.engine.ModelClock`.
 """
 
 from __future__ import annotations
