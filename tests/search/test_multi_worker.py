@@ -149,7 +149,9 @@ def test_two_workers_share_one_study(tmp_path: Path, pg_url: str, study_name: st
 
 def test_a_killed_workers_trial_is_failed_and_rerun_by_the_other(tmp_path: Path, pg_url: str, study_name: str) -> None:
     space, wl = _files(tmp_path, {**SMALL_WORKLOAD, "num_prompts": 300})
-    args = ["--trials", "4", "--finalists", "0"]
+    # No early stop: which configuration the killed trial had depends on which worker asked
+    # first, and a re-run cut against the incumbent would be PRUNED rather than COMPLETE.
+    args = ["--trials", "4", "--finalists", "0", "--no-early-stop"]
     survivor = subprocess.Popen(
         [*_tune(study_name, pg_url, space, wl, tmp_path / "a"), *args, "--sim-speedup", "10"],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
