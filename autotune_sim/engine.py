@@ -166,8 +166,8 @@ class Engine:
         """Queue a request; a client's (not ``internal``) may trip a fault that counts requests."""
         if self.dead:
             raise Fatal("crash")
-        if not internal and self.clock.owed:
-            self.clock.settle()
+        if not internal:
+            self.clock.settle()  # a held clock's successor (a no-op when none is owed)
         req.arrival = self.model_now()
         self.t = max(self.t, req.arrival)
         self.stats.requests_total += 1

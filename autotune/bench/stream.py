@@ -212,7 +212,7 @@ class _SseTimer:
         rec = self.record
         rec.wall_end_time = ts
         if self.live.modelled:
-            ts = self._modelled(ts)
+            ts = self._modelled()
         if self.first:
             self.first = False
             rec.ttft = ts - self.start
@@ -224,7 +224,7 @@ class _SseTimer:
         rec.n_empty_chunks += empty
         self.live.token_chunks += 1
 
-    def _modelled(self, wall: float) -> float:
+    def _modelled(self) -> float:
         """The modelled time of this chunk; the first one moves the start to the modelled arrival."""
         if self.stamp is None:
             raise _StreamFailed("a token chunk came without the simulator's modelled-time stamp")
