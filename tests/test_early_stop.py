@@ -292,7 +292,7 @@ def test_tune_option_is_stored_with_the_study_config(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- on the simulator
 # A slow modelled clock: at 5× the client reads ~5× fewer tokens a second than at 20×, so a busy
 # 2-core machine does not starve it into client-limited runs.
-SPEEDUP = 5
+SPEEDUP = 20
 SIM_WORKLOAD = {
     "name": "early-stop",
     "dataset": {"input_len": 512, "output_len": 128},

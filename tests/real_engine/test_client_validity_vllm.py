@@ -26,7 +26,7 @@ from autotune.runtime.cpuset import CpuPartition, pinned, plan_partition
 from autotune.runtime.ports import free_port
 from autotune.runtime.process import EngineProcess
 
-pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.alone]  # pinned cores: the host to itself
 
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}
 SQUEEZED = (

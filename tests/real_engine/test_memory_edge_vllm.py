@@ -65,7 +65,7 @@ def test_memory_edge_probes_node_memory_on_real_vllm_cpu(
         sys.executable, "-m", "autotune.cli", "probe-memory", "--study", "edge", "--engine", "vllm",
         "--python", vllm_python, "--model", wide_kv_model, "--env", "HF_HUB_OFFLINE=1",
         "--space", "vllm-cpu-memory", "--workload", str(tmp_path / "wl.yaml"),
-        "--probes", "4", "--no-baseline", "--results", str(results),
+        "--probes", "3", "--no-baseline", "--results", str(results),
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
     out = proc.stdout + proc.stderr

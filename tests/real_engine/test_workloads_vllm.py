@@ -23,7 +23,8 @@ from autotune.config import Workload, parse_model
 from autotune.runtime.ports import free_port
 from autotune.runtime.process import EngineProcess
 
-pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
+# One xdist group: under `make test`'s two workers the module's one engine is started once.
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.xdist_group("vllm-workloads")]
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}
