@@ -140,6 +140,8 @@ def tune(
     baseline: Annotated[
         bool, typer.Option(help="Run the engine's defaults first (every gain is measured against them).")
     ] = True,
+    host_check: Annotated[bool, typer.Option(help="CPU engine: re-run a run others took its cores from.")] = True,
+    noise_runs: Annotated[int, typer.Option(min=0, help="Defaults re-launched after the baseline (the noise).")] = 1,
     sampler: Annotated[str, typer.Option(help="tpe | random | nsga2 (multi-objective evolution).")] = "tpe",
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     startup_timeout: Annotated[
@@ -163,10 +165,8 @@ def tune(
     early_stop: Annotated[bool, typer.Option(help="End a search trial's run once it cannot matter.")] = True,
     stop_when_done: Annotated[bool, typer.Option(help="End the search once more trials stop paying.")] = True,
 ) -> None:
-    """Create or resume a study: baseline, the tuning stages (or a plain search), then validation.
-
-    Re-running the same command resumes the study where it stopped. Boxes that run it with the
-    same --study and a shared --storage (PostgreSQL, MySQL) work on the study together."""
+    """Create or resume a study: baseline, the tuning stages (or a plain search), then validation. The
+    same command resumes it; boxes running it with one --study and --storage share the study."""
     _terminate_as_interrupt()
     options = EngineOptions(
         engine, model, python, command, fixed or [], env or [], startup_timeout, api_key_env, sim_gpu, sim_speedup
@@ -174,8 +174,9 @@ def tune(
     settings = dict(name=study, results_dir=results, storage=storage, trials=trials, time_budget_s=time_budget)
     settings.update(repeats=repeats, finalists=finalists, validation_runs=validation_runs, sampler=sampler, seed=seed)
     settings.update(method=method, memory_probe=memory_probe, host_memory_margin_gib=host_memory_margin)
-    settings.update(baseline=baseline, parallel=parallel, gpus=gpus, heartbeat_s=heartbeat, weight_cache=weight_cache)
-    settings.update(early_stop=early_stop, stop_when_done=stop_when_done)
+    settings.update(baseline=baseline, noise_runs=noise_runs, parallel=parallel, gpus=gpus, heartbeat_s=heartbeat)
+    settings.update(weight_cache=weight_cache, judge_host=host_check, early_stop=early_stop)
+    settings.update(stop_when_done=stop_when_done)
     job, intro = tune_job(options, space, workload, settings, client=bench_client)
     _run_job(job, intro)
 

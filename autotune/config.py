@@ -776,9 +776,21 @@ class StudySettings(StrictModel):
         default=True,
         description="With an engine on this host's CPUs, pin it and the load generator to separate cores.",
     )
+    judge_host: bool = Field(
+        default=True,
+        description="With the engine on its own CPU cores, run again a run during which other processes took more "
+        "than a tenth of them (the run measured the host).",
+    )
     sampler: Literal["tpe", "random", "nsga2"] = "tpe"
     seed: int | None = None
     baseline: bool = Field(default=True, description="Run the engine's defaults first.")
+    noise_runs: int = Field(
+        default=1,
+        ge=0,
+        description="Launches of the engine's defaults right after the baseline, to measure the run-to-run "
+        "noise every decision allows for (0: none; trials are then never cut as unable to win until re-runs "
+        "measure it).",
+    )
     stall_timeout_s: float = Field(default=120.0, gt=0, description="Kill an engine that streams no token this long.")
     bench_timeout_s: float | None = Field(default=None, gt=0, description="Cap on one benchmark run.")
     method: Literal["staged", "search", "memory"] = Field(

@@ -28,6 +28,7 @@ __all__ = [
     "EngineError",
     "EngineFailsRegardless",
     "EngineStartupError",
+    "HostDisturbed",
     "InvalidFlags",
     "StartupTimeout",
     "StudyError",
@@ -87,6 +88,10 @@ class BenchmarkError(AutotuneError):
 
 class ClientLimited(BenchmarkError):
     """Every run of a trial was limited by the client (its self-check, or client-side failures)."""
+
+
+class HostDisturbed(BenchmarkError):
+    """Every run of a trial shared the engine's cores with other processes (autotune/runtime/hostshare.py)."""
 
 
 class StudyError(AutotuneError):

@@ -24,6 +24,9 @@ class Outcome(StrEnum):
     # The load generator, not the engine, limited every run (starved of CPU, or requests lost
     # on the client's side): the engine was not measured. Retried; never a score.
     CLIENT_LIMITED = "client_limited"
+    # Other processes (or the hypervisor) took the engine's cores in every run: the host was
+    # measured, not the flags. Retried; never a score.
+    HOST_DISTURBED = "host_disturbed"
 
     @property
     def served(self) -> bool:
@@ -33,7 +36,7 @@ class Outcome(StrEnum):
     @property
     def retryable(self) -> bool:
         """Infrastructure-looking failures are retried once; flag-caused ones never are."""
-        return self in (Outcome.STARTUP_TIMEOUT, Outcome.CRASH, Outcome.CLIENT_LIMITED)
+        return self in (Outcome.STARTUP_TIMEOUT, Outcome.CRASH, Outcome.CLIENT_LIMITED, Outcome.HOST_DISTURBED)
 
     @property
     def memory_related(self) -> bool:

@@ -118,7 +118,7 @@ def test_bad_input_is_one_line_and_touches_nothing(tmp_path: Path, existing: tup
         assert fragment in line, line
     assert "secret" not in out
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
-    assert len(list((tmp_path / "s" / "trials").iterdir())) == 2  # baseline + 1 trial: nothing new launched
+    assert len(list((tmp_path / "s" / "trials").iterdir())) == 3  # baseline, noise, 1 trial: nothing new launched
 
 
 def test_missing_model_path(tmp_path: Path) -> None:

@@ -96,6 +96,16 @@ def test_status_gives_the_reason_of_an_slo_miss(tmp_path: Path) -> None:
     assert "memory_fraction=0.88" in row and "batched_tokens=2048" in row  # as set, not 0.9 / 2,048.0
 
 
+def test_status_shows_the_studys_noise_and_where_it_was_measured(tmp_path: Path) -> None:
+    st = _study(tmp_path, "s", ["maximize"], {"metric": "output_throughput"})
+    _add(st, 0, [1000.0], outcome="ok", stage="baseline", params={}, metrics={**METRICS, "output_throughput": 4000.0})
+    result = runner.invoke(app, ["status", "s", "--results", str(tmp_path)])
+    assert "run-to-run noise not measured yet (no configuration measured twice yet)" in result.output
+    _add(st, 1, [1000.0], outcome="ok", stage="noise", params={}, metrics={**METRICS, "output_throughput": 3800.0})
+    result = runner.invoke(app, ["status", "s", "--results", str(tmp_path)])
+    assert "run-to-run noise ±5.1% (widest of 1 measured: trials 0, 1: 4,000.0 and 3,800.0)" in result.output
+
+
 def test_pareto_front_names_its_values_with_units(tmp_path: Path) -> None:
     objective = {"metric": "output_throughput", "also": [{"metric": "p95_ttft_ms", "direction": "minimize"}]}
     st = _study(tmp_path, "mo", ["maximize", "minimize"], objective)

@@ -27,7 +27,6 @@ from simstudy import sim_engine, sim_job
 from autotune.bench.earlystop import (
     CANNOT_WIN,
     MIN_REQUESTS,
-    NOISE_MARGIN,
     REASONS,
     SERVER_DEAD,
     SLO_LOST,
@@ -44,7 +43,7 @@ from autotune.outcomes import Outcome
 from autotune.search.diagnosis import client_problem
 from autotune.search.job import TuneJob
 from autotune.search.progress import NullProgress
-from autotune.search.record import trial_record
+from autotune.search.record import trial_record, trial_records
 from autotune.search.runner import StudyRun
 from autotune.search.storage import best_trial, feasible_trials, open_study
 from autotune.search.trial import TrialSpec, early_stop_policy, run_trial
@@ -185,9 +184,9 @@ def _steady_run(watch: EarlyStop, rate: float, seconds: float, requests_per_s: f
 
 def test_cannot_win_waits_for_steady_state_then_stops_a_clearly_slower_run() -> None:
     workload = _workload(num_prompts=1000)
-    stopped = _steady_run(_watch(workload, 1000, incumbent=200.0), rate=100.0, seconds=30)
+    stopped = _steady_run(_watch(workload, 1000, incumbent=200.0, noise_margin=0.05), rate=100.0, seconds=30)
     assert stopped is not None
-    decision_watch = _watch(workload, 1000, incumbent=200.0)
+    decision_watch = _watch(workload, 1000, incumbent=200.0, noise_margin=0.05)
     _steady_run(decision_watch, rate=100.0, seconds=30)
     decision = decision_watch.decision
     assert decision is not None and decision.reason == CANNOT_WIN
@@ -197,23 +196,32 @@ def test_cannot_win_waits_for_steady_state_then_stops_a_clearly_slower_run() -> 
 
 
 def test_cannot_win_keeps_a_run_within_the_noise_margin() -> None:
-    """100 tok/s measured, incumbent 104: within the 5 % margin, so the run goes on."""
-    assert _steady_run(_watch(_workload(num_prompts=1000), 1000, incumbent=104.0), rate=100.0, seconds=30) is None
+    """100 tok/s measured, incumbent 104: within a measured 5 % noise, so the run goes on."""
+    watch = _watch(_workload(num_prompts=1000), 1000, incumbent=104.0, noise_margin=0.05)
+    assert _steady_run(watch, rate=100.0, seconds=30) is None
 
 
 def test_cannot_win_allows_for_the_noise_the_study_measured() -> None:
-    """Incumbent 115 against 100 tok/s: below it beyond the 5 % floor, but within a measured 20 %
-    run-to-run spread, where the incumbent's own run may have been that lucky."""
+    """Incumbent 115 against 100 tok/s: below it beyond a measured 5 % noise, but within a
+    measured 20 % one, where the incumbent's own run may have been that lucky."""
     workload = _workload(num_prompts=1000)
-    assert _steady_run(_watch(workload, 1000, incumbent=115.0), rate=100.0, seconds=30) is not None
+    assert _steady_run(_watch(workload, 1000, incumbent=115.0, noise_margin=0.05), rate=100.0, seconds=30) is not None
     noisy = _watch(workload, 1000, incumbent=115.0, noise_margin=0.20)
     assert _steady_run(noisy, rate=100.0, seconds=30) is None
 
 
+def test_cannot_win_never_cuts_before_the_noise_is_measured() -> None:
+    """Incumbent 200 against 100 tok/s, a run that cannot win by any assumed figure: without a
+    measured noise it is not cut (the cut would rest on a number nobody measured)."""
+    watch = _watch(_workload(num_prompts=1000), 1000, incumbent=200.0)
+    assert _steady_run(watch, rate=100.0, seconds=30) is None
+
+
 def test_cannot_win_needs_an_incumbent_and_a_throughput_objective() -> None:
-    assert _steady_run(_watch(_workload(num_prompts=1000), 1000), rate=100.0, seconds=30) is None
+    assert _steady_run(_watch(_workload(num_prompts=1000), 1000, noise_margin=0.05), rate=100.0, seconds=30) is None
     latency = _workload(num_prompts=1000, objective={"metric": "p95_ttft_ms", "direction": "minimize"})
-    assert _steady_run(_watch(latency, 1000, incumbent=200.0), rate=100.0, seconds=30) is None
+    watch = _watch(latency, 1000, incumbent=200.0, noise_margin=0.05)
+    assert _steady_run(watch, rate=100.0, seconds=30) is None
 
 
 def test_server_dead_is_taken_from_outside_the_run() -> None:
@@ -261,16 +269,19 @@ def test_policy_never_stops_baseline_validation_probes_or_with_the_option_off() 
     def incumbent() -> float:
         return 123.0
 
-    for stage in ("baseline", "validation", "memory_edge"):
-        assert early_stop_policy(_settings(), stage, False, incumbent) is None
+    for stage in ("baseline", "noise", "validation", "memory_edge"):
+        assert early_stop_policy(_settings(), stage, False, incumbent, lambda: 0.1) is None
     assert early_stop_policy(_settings(), "search", True, incumbent) is None  # a probe's peak shape
     assert early_stop_policy(_settings(early_stop=False), "search", False, incumbent) is None
     for stage in ("search", "scenario"):  # --method search, and the staged method's search
-        search = early_stop_policy(_settings(), stage, False, incumbent)
+        unmeasured = early_stop_policy(_settings(), stage, False, incumbent)  # no noise measured yet: no cut
+        assert unmeasured is not None and CANNOT_WIN not in unmeasured.reasons and SLO_LOST in unmeasured.reasons
+        search = early_stop_policy(_settings(), stage, False, incumbent, lambda: 0.12)
         assert search is not None and search.reasons == REASONS and search.incumbent == 123.0
-        assert search.noise_margin == NOISE_MARGIN
-    measured = early_stop_policy(_settings(), "search", False, incumbent, lambda: 0.12)
-    assert measured is not None and measured.noise_margin == 0.12
+        assert search.noise_margin == 0.12
+    # A configuration cut once runs in full when proposed again.
+    again = early_stop_policy(_settings(), "search", False, incumbent, lambda: 0.12, full=True)
+    assert again is not None and CANNOT_WIN not in again.reasons
     graph = early_stop_policy(_settings(), "cuda_graph", False, incumbent)
     assert graph is not None and CANNOT_WIN not in graph.reasons and SLO_LOST in graph.reasons
     repeated = early_stop_policy(_settings(repeats=3), "search", False, incumbent)
@@ -323,15 +334,17 @@ def test_a_bad_candidate_ends_early_and_never_wins_while_validation_runs_to_its_
     study = open_study("t", job.storage_url, directions=job.workload.objective.directions, sampler=sampler)
     run = StudyRun(job, get_adapter(job.engine), study, NullProgress())
     run.baseline()
-    baseline = trial_record(study.trials[0])
-    assert baseline.outcome == "ok", (baseline.outcome, baseline.reason)
+    run.measure_noise()  # the defaults again: without a measured noise nothing is cut
+    baseline, again = trial_records(study.trials)
+    assert baseline.outcome == again.outcome == "ok", (baseline.reason, again.reason)
     assert baseline.early_stop is None and baseline.metrics["completed"] == 400
+    assert run.noise().measured is not None and "trials 0, 1" in run.noise().source
 
     bad = run.run("search", explicit={"max_running": 2})
     assert bad.outcome.served, (bad.outcome, bad.reason)
     assert bad.early_stop is not None and bad.early_stop["reason"] == reason, bad.early_stop
     assert bad.early_stop["at_requests"] < 400 and bad.metrics["completed"] < 400
-    stored = study.trials[1]
+    stored = study.trials[2]
     assert trial_record(stored).early_stop == bad.early_stop
     if bad.early_stop["reason"] == CANNOT_WIN:
         assert stored.state == TrialState.PRUNED

@@ -15,7 +15,8 @@ Three reasons, each one a fact about the engine, never a guess about the client:
   incumbent's (the best served trial of the study). The bound: the steady part of the run (after
   the first full turnover of the concurrency slots) is cut into :data:`BATCHES` equal windows,
   each window's token rate is a batch mean, and the one-sided 99 % Student-t upper bound of their
-  mean, raised by :data:`NOISE_MARGIN` for run-to-run noise, must be below the incumbent. Batch
+  mean, raised by the study's measured run-to-run noise (``search/noise.py``; no noise measured:
+  no cut), must be below the incumbent (what its configuration would score again). Batch
   means over windows of a second or more absorb most of the correlation that makes per-bucket
   intervals optimistic, and a steady-state rate is above the run's final tokens/duration (which
   includes the drain), so the test errs toward running on. It waits for :data:`MIN_REQUESTS`
@@ -66,10 +67,6 @@ STOPPED_ERROR = "not finished: the run was stopped early"
 MIN_REQUESTS = 50
 MIN_SECONDS = 3.0
 BATCHES = 8
-# The incumbent's value is one run too, so a candidate is judged against it with room for the
-# run-to-run noise: the study's own measured spread where it has one (EarlyStopPolicy), never less
-# than this floor.
-NOISE_MARGIN = 0.05
 # One-sided 99 % Student-t quantiles by degrees of freedom.
 _T99 = {4: 3.747, 5: 3.365, 6: 3.143, 7: 2.998, 8: 2.896, 9: 2.821, 10: 2.764, 15: 2.602, 20: 2.528, 30: 2.457}
 # A streamed answer has at most one chunk per output token plus the chat role chunk and a final
@@ -83,15 +80,17 @@ class EarlyStopPolicy:
 
     Attributes:
         reasons: The stops allowed (a subset of :data:`REASONS`).
-        incumbent: The best served trial's output throughput (``cannot_win``; None: no stop).
-        noise_margin: The run-to-run noise ``cannot_win`` allows for on top of its bound.
+        incumbent: What the best served configuration's output throughput would be again
+            (``cannot_win``; None: no stop).
+        noise_margin: The study's measured run-to-run noise, allowed for on top of the bound
+            (``cannot_win``; None: not measured, no stop).
         min_requests: ``cannot_win`` waits for this many completed requests.
         min_seconds: ... and this many seconds of steady state.
     """
 
     reasons: frozenset[str] = REASONS
     incumbent: float | None = None
-    noise_margin: float = NOISE_MARGIN
+    noise_margin: float | None = None
     min_requests: int = MIN_REQUESTS
     min_seconds: float = MIN_SECONDS
 
@@ -300,8 +299,10 @@ class EarlyStop:
         return tally.count + max(self._itl_room, 0) if self._itl_exact else None
 
     def _cannot_win(self) -> StopDecision | None:
-        incumbent = self.policy.incumbent
-        if not self.policy.allows(CANNOT_WIN) or incumbent is None or not self._judges_output_throughput():
+        incumbent, margin = self.policy.incumbent, self.policy.noise_margin
+        if not self.policy.allows(CANNOT_WIN) or incumbent is None or margin is None:
+            return None
+        if not self._judges_output_throughput():
             return None
         steady_from, now = self._steady_from(), self._known_until()
         if self.completed < self.policy.min_requests or steady_from is None:
@@ -310,14 +311,13 @@ class EarlyStop:
             return None
         rates = self._batch_rates(steady_from, now)
         per_chunk = max(1.0, self._output_tokens / self._chunks) if self._chunks else 1.0
-        margin = self.policy.noise_margin
         upper = throughput_upper_bound(rates) * per_chunk * (1 + margin)
         if upper >= incumbent:
             return None
         mean = statistics.fmean(rates) * per_chunk
         evidence = (
             f"output_throughput {mean:,.1f} tok/s over {now - steady_from:.1f} s of steady state; its 99 % upper "
-            f"bound +{margin:.0%} noise ({upper:,.1f}) is below the incumbent's {incumbent:,.1f}"
+            f"bound +{margin:.1%} noise ({upper:,.1f}) is below the incumbent's {incumbent:,.1f}"
         )
         return StopDecision(CANNOT_WIN, self.completed, evidence)
 

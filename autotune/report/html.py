@@ -99,7 +99,8 @@ def _headline(report: StudyReport) -> str:
     stopped = f'<p class="headline">Stopped early: {_e(report.stopped_line)}.</p>' if report.stopped_line else ""
     if report.search_stall:
         stopped += f'<p class="headline">Search ended early: {_e(report.search_stall)}.</p>'
-    return stopped + _winner_line(report) + (f"<p>{_e(report.verdict_line)}.</p>" if report.verdict_line else "")
+    verdict = f"<p>{_e(report.verdict_line)}.</p>" if report.verdict_line else ""
+    return stopped + _winner_line(report) + verdict + f"<p>Decisions allowed for the {_e(report.noise_line)}.</p>"
 
 
 def _winner_line(report: StudyReport) -> str:

@@ -53,7 +53,8 @@ def _winner(report: StudyReport) -> list[str]:
     )
     headline = f"`{report.objective}` **{format_number(report.winner_value)}** ({report.winner_runs_text}){change}."
     verdict = [f"Measured side by side with the defaults: {report.verdict_line}.", ""] if report.verdict_line else []
-    return [f"## Winner: trial #{report.winner.number}", "", headline, "", *verdict, *ended]
+    noise = [f"Decisions allowed for the {report.noise_line}.", ""]
+    return [f"## Winner: trial #{report.winner.number}", "", headline, "", *verdict, *ended, *noise]
 
 
 def _change(gain: Gain) -> str:

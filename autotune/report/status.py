@@ -27,6 +27,7 @@ from autotune.report.summary import (
     trials_text,
 )
 from autotune.search.job import TuneJob
+from autotune.search.noise import study_noise
 from autotune.search.record import (
     StageState,
     TrialRecord,
@@ -338,11 +339,14 @@ def print_trials(frame: pd.DataFrame) -> None:
 
 
 def _reruns(r: TrialRecord) -> str:
-    """Benchmark runs thrown away and run again because the client, not the engine, limited them."""
+    """Benchmark runs thrown away and run again because the client or the host, not the engine,
+    limited them."""
     reruns = r.facts.get("client_reruns") or []
     if not reruns:
         return ""
-    return f" · {len(reruns)} run(s) re-run, client-limited: {str(reruns[-1].get('reason', ''))[:120]}"
+    reason = str(reruns[-1].get("reason", ""))
+    why = "host-disturbed" if reason.startswith("other processes took") else "client-limited"
+    return f" · {len(reruns)} run(s) re-run, {why}: {reason[:120]}"
 
 
 def print_status(st: optuna.Study) -> None:
@@ -369,6 +373,7 @@ def print_status(st: optuna.Study) -> None:
         _print_front(st)
     if line := stopped_line(st):
         console.print(line, highlight=False)
+    console.print(study_noise(trials, objective_metric(st)).describe(), highlight=False)
     best = best_trial(st)
     if best is None:
         console.print(f"best: none — {no_winner_text(trials)}", highlight=False)

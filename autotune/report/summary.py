@@ -24,6 +24,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.report.table import trials_frame
+from autotune.search.noise import study_noise
 from autotune.search.objective import is_feasible
 from autotune.search.record import (
     WITHDRAWN,
@@ -183,6 +184,7 @@ class StudyReport:
     verdict_line: str = ""
     stopped_line: str = ""
     search_stall: str = ""  # why a search stage ended before its trial budget
+    noise_line: str = ""  # the run-to-run noise the study's decisions allowed for, and its source
 
     @property
     def winner_value(self) -> float | None:
@@ -583,4 +585,5 @@ def summarize(study: optuna.Study) -> StudyReport:
         verdict_line=str((verdict(study) or {}).get("line", "")),
         stopped_line=str((stopped(study) or {}).get("line", "")),
         search_stall=search_stall(study),
+        noise_line=study_noise(trials, objective).describe(),
     )

@@ -32,9 +32,11 @@ __all__ = ["DRAWS", "config_key", "measured", "unmeasured_point"]
 #: Random draws tried for an unmeasured point before the space counts as used up.
 DRAWS = 64
 # States of a configuration that was measured or is being measured: served or failed for its
-# flags (told COMPLETE), ended early (PRUNED), or running. A FAIL is an infrastructure failure
-# that the retry logic re-runs: it measured nothing.
-_MEASURING = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+# flags (told COMPLETE), or running. A FAIL is an infrastructure failure that the retry logic
+# re-runs: it measured nothing. A cut (PRUNED, cannot_win) is not a measurement either: it was
+# judged against an incumbent that may have been lucky, so the configuration may be proposed
+# again, and then it runs in full (``StudyRun._was_cut``).
+_MEASURING = (TrialState.COMPLETE, TrialState.RUNNING)
 
 
 def config_key(flags: Mapping[str, Any]) -> str:

@@ -313,6 +313,7 @@ class _Worker:
             def baseline() -> None:
                 run.retry_failed()
                 run.baseline()
+                run.measure_noise()
 
             self.coord.sequential(baseline)
             search = _Task(
@@ -357,7 +358,9 @@ class _Worker:
         directions = self.run.study.directions
         if not self.job.study.stop_when_done or len(directions) > 1:  # a Pareto front has no one best
             return None
-        noise = self.run.noise_margin()
+        noise = self.run.noise().measured
+        if noise is None:  # a gain cannot be told from the noise before the noise is measured
+            return None
         why = stall_reason(self.run.finished(stage), directions[0], quota, noise)
         if why is not None:
             self.progress.message(why)

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.bench.earlystop import CANNOT_WIN, NOISE_MARGIN
+from autotune.bench.earlystop import CANNOT_WIN
 from autotune.config import SearchSpace, Workload, as_given
 from autotune.engines.base import EngineAdapter
 from autotune.engines.rootcause import UNTUNED_KINDS
@@ -35,6 +35,7 @@ from autotune.runtime.cpuset import plan_partition
 from autotune.runtime.gpu import wait_pids_released
 from autotune.search.diagnosis import WHERE
 from autotune.search.job import TuneJob
+from autotune.search.noise import StudyNoise, study_noise
 from autotune.search.novelty import config_key, measured, unmeasured_point
 from autotune.search.objective import is_feasible
 from autotune.search.progress import Progress
@@ -65,6 +66,8 @@ __all__ = ["Placement", "StudyRun", "Withdrawn", "redact_env", "worker_id"]
 Placement = Callable[[dict[str, Any]], AbstractContextManager[Mapping[str, str]]]
 
 STAGE_BASELINE, STAGE_SEARCH, STAGE_VALIDATION = "baseline", "search", "validation"
+#: The engine's defaults launched again right after the baseline: the study's first noise figure.
+STAGE_NOISE = "noise"
 DEFAULTS = "defaults"  # the ``validates`` key of validation runs of the engine's defaults
 RELEASE_TIMEOUT_S = 120.0
 #: How long a new trial waits for the start records of trials asked just before it.
@@ -344,7 +347,10 @@ class StudyRun:
                     # Real engines only: the simulator's runs are deterministic and its clock compressed.
                     stable_within=None if self.job.engine.simulated or probe else STABLE_WITHIN,
                     judge_client=not probe,
-                    early_stop=early_stop_policy(self.job.study, stage, probe, self._incumbent, self.noise_margin),
+                    judge_host=self.job.study.judge_host and not self.job.engine.simulated,
+                    early_stop=early_stop_policy(
+                        self.job.study, stage, probe, self._incumbent, self._measured_noise, self._was_cut(flags)
+                    ),
                 )
                 result = run_trial(spec, self.adapter, workload, self.progress)
         except BaseException:
@@ -438,18 +444,54 @@ class StudyRun:
             self.study.tell(trial, result.score.values)
 
     def _incumbent(self) -> float | None:
-        """The best served trial's objective value so far (what a search trial must beat)."""
+        """What the best served configuration would score again, the value a search trial must
+        beat to survive ``cannot_win``: the median of its runs when it was launched more than
+        once, else its one run taken down by the measured noise (the best of many single runs is
+        likely a lucky one)."""
         best = best_trial(self.study)
-        return None if best is None else primary_value(best)
+        if best is None or (value := primary_value(best)) is None:
+            return None
+        runs = self._runs_of(trial_record(best).flags or {})
+        if len(runs) > 1:
+            return statistics.median(runs)
+        noise = self.noise().margin
+        return (
+            value * (1 - noise)
+            if self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+            else value * (1 + noise)
+        )
 
-    def noise_margin(self) -> float:
-        """The run-to-run noise a search trial is judged with against the incumbent: the largest
-        relative spread the study measured on its objective (trials run several times, finalists'
-        validation), never below the early stop's floor."""
-        metric = self.job.workload.objective.metric
-        spreads = [float(r.spread.get(metric, 0.0)) for r in trial_records(self.trials())]
-        spreads += [float(v.get("spread", 0.0)) for v in validation(self.study).values()]
-        return max([NOISE_MARGIN, *spreads])
+    def _runs_of(self, flags: Mapping[str, Any]) -> list[float]:
+        """Every full served run of one configuration under the study's workload: its trials'
+        values (a baseline's noise re-runs included), and its validation rounds."""
+        key = config_key(flags)
+        complete = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        same = [
+            (t, r)
+            for t, r in zip(complete, trial_records(complete), strict=True)
+            if r.stage != STAGE_VALIDATION and not r.is_probe and t.values and config_key(r.flags or {}) == key
+        ]
+        checked = validation(self.study)
+        runs: list[float] = []
+        for t, _ in same:  # a validated trial's values begin with its own run
+            runs += [float(v) for v in checked[t.number]["values"]] if t.number in checked else [float(t.values[0])]
+        return runs
+
+    def noise(self) -> StudyNoise:
+        """The study's run-to-run noise on its objective (``search/noise.py``): the one figure
+        every decision that compares two measurements allows for."""
+        return study_noise(self.trials(), self.job.workload.objective.metric)
+
+    def _measured_noise(self) -> float | None:
+        return self.noise().measured
+
+    def _was_cut(self, flags: Mapping[str, Any]) -> bool:
+        """Whether a trial of this configuration was cut early as unable to win: then it runs in
+        full when proposed again (a cut is not a measurement)."""
+        key = config_key(flags)
+        return any(
+            t.state == TrialState.PRUNED and config_key(trial_record(t).flags or {}) == key for t in self.trials()
+        )
 
     def best_summary(self) -> dict[str, Any] | None:
         best = best_trial(self.study)
@@ -481,6 +523,17 @@ class StudyRun:
     def baseline(self) -> None:
         if self.job.study.baseline and not self.finished(STAGE_BASELINE) and not self.out_of_time():
             self.run(STAGE_BASELINE)
+
+    def measure_noise(self) -> None:
+        """The engine's defaults again on fresh engines (``noise_runs``), right after the
+        baseline: two measurements of one configuration give the study its run-to-run noise
+        before the first decision that compares two runs needs it."""
+        served = [t for t in self.finished(STAGE_BASELINE) if Outcome(trial_record(t).outcome or "crash").served]
+        if not served or not self.job.study.noise_runs:
+            return  # no baseline served: nothing to launch again
+        while len(self.finished(STAGE_NOISE)) < self.job.study.noise_runs and not self.out_of_time():
+            self.run(STAGE_NOISE, explicit=trial_record(served[0]).params or {})
+        self.progress.message(self.noise().describe())
 
     def validation_groups(self, finalists: list[FrozenTrial]) -> list[tuple[int | str, dict[str, Any]]]:
         """(key, params) of each configuration validation re-runs: the finalists, and the engine's

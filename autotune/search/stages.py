@@ -618,19 +618,13 @@ def skip_stage(run: StudyRun, stage: str, why: str) -> None:
         run.set_stage_state(stage, StageState(done=True, skipped=why))
 
 
-def _noise(run: StudyRun) -> float:
-    """Relative run-to-run noise: the largest spread seen on the objective, at least 3 %."""
-    metric = run.job.workload.objective.metric
-    spreads = [float(r.spread.get(metric, 0.0)) for r in trial_records(run.trials())]
-    return max([0.03, *spreads])
-
-
 # ------------------------------------------------------------------------------ the sequential stages
 def sequential_stages(run: StudyRun, budget: Mapping[str, int], memory_mode: str) -> dict[str, Any]:
     """Baseline, context, memory edge and graph coverage — each step needs the one before — and
     the flags they decided. Stages already done only return their stored decision."""
     run.retry_failed()
     run.baseline()
+    run.measure_noise()
     fixed: dict[str, Any] = {}
     move = slo_first(run, STAGE_BASELINE)
     fixed.update(context(run, fixed, move))
@@ -638,5 +632,5 @@ def sequential_stages(run: StudyRun, budget: Mapping[str, int], memory_mode: str
     edge = memory_edge(run, budget["memory_edge"], fixed, memory_mode)
     if edge is not None:
         fixed[MEMORY] = edge
-    fixed.update(cuda_graph(run, fixed, _noise(run), move))
+    fixed.update(cuda_graph(run, fixed, run.noise().margin, move))
     return fixed

@@ -144,7 +144,8 @@ def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def _feasible_search_run(r: TrialRecord) -> bool:
-    return r.stage != "validation" and not r.is_probe and is_feasible(r.outcome, r.constraints)
+    # A re-run of a configuration (validation, the baseline's noise runs) is never a candidate itself.
+    return r.stage not in ("validation", "noise") and not r.is_probe and is_feasible(r.outcome, r.constraints)
 
 
 def primary_value(trial: FrozenTrial) -> float | None:

@@ -26,7 +26,6 @@ from autotune import __version__
 from autotune.bench import prometheus, quality
 from autotune.bench.capacity import search_capacity
 from autotune.bench.earlystop import (
-    NOISE_MARGIN,
     REASONS,
     SERVER_DEAD,
     SLO_LOST,
@@ -47,12 +46,14 @@ from autotune.errors import (
     ClientLimited,
     EngineCrashed,
     EngineStartupError,
+    HostDisturbed,
     InvalidFlags,
     StartupTimeout,
 )
 from autotune.outcomes import Outcome
 from autotune.runtime import interrupt
 from autotune.runtime.cpuset import CpuPartition, pinned
+from autotune.runtime.hostshare import CoreShare, disturbance, gpu_strangers, visible_devices
 from autotune.runtime.ports import free_port
 from autotune.runtime.process import EngineProcess
 from autotune.runtime.procfs import send_group
@@ -93,6 +94,9 @@ class TrialSpec:
     # False for a probe under a peak shape (the memory edge): it asks only whether the engine
     # survives the load, which a slow client does not change, and its value never ranks.
     judge_client: bool = True
+    # Re-run a run during which other processes took the engine's cores (``cpus`` only; a
+    # simulated engine runs in modelled time and is not judged). The shares are recorded anyway.
+    judge_host: bool = False
     # Flags that change how the engine starts, not what is measured (mapping its weights from
     # the study's weight-cache daemon): launched and written to argv.json, never exported.
     launch_flags: Mapping[str, Any] = field(default_factory=dict)
@@ -149,7 +153,7 @@ HEALTH_TIMEOUT_S, HEALTH_MISSES = 3.0, 3  # this many failed health checks in a 
 
 #: Stages whose runs always go to their end: every gain is measured against the baseline and
 #: re-measured by validation, and a memory probe's failure under load is its answer.
-NEVER_STOPPED = frozenset({"baseline", "validation", "memory_edge"})
+NEVER_STOPPED = frozenset({"baseline", "noise", "validation", "memory_edge"})
 #: Stages whose trials rank against the best so far: the staged method's scenario search, ``--method search``.
 RANKED_STAGES = frozenset({"scenario", "search"})
 
@@ -159,20 +163,24 @@ def early_stop_policy(
     stage: str,
     probe: bool,
     incumbent: Callable[[], float | None],
-    noise: Callable[[], float] = lambda: NOISE_MARGIN,
+    noise: Callable[[], float | None] = lambda: None,
+    full: bool = False,
 ) -> EarlyStopPolicy | None:
     """What may end a trial's runs early (None: nothing). A dead engine always may; a lost SLO
     only with one run per trial (with repeats the median of the runs decides); ``cannot_win``
-    only in the search stages, whose trials rank against the incumbent (``incumbent()``: the best
-    served trial's value, ``noise()``: the run-to-run noise to allow for), while the context and graph
-    stages compare a run with their own last step."""
+    only in the search stages, whose trials rank against the incumbent (``incumbent()``: what the
+    best served configuration would score again), and only once the study measured its run-to-run
+    noise (``noise()``, None until then: a cut would rest on an assumed figure). ``full``: the
+    configuration was cut once already, so it now runs to its end (a cut is not a measurement).
+    The context and graph stages compare a run with their own last step."""
     if not settings.early_stop or probe or stage in NEVER_STOPPED:
         return None
     if settings.repeats > 1:
         return EarlyStopPolicy(frozenset({SERVER_DEAD}))
-    if stage not in RANKED_STAGES:
+    margin = noise() if stage in RANKED_STAGES and not full else None
+    if margin is None:
         return EarlyStopPolicy(frozenset({SLO_LOST, SERVER_DEAD}))
-    return EarlyStopPolicy(REASONS, incumbent=incumbent(), noise_margin=noise())
+    return EarlyStopPolicy(REASONS, incumbent=incumbent(), noise_margin=margin)
 
 
 def _explain(result: TrialResult, t: _Trial, err: AutotuneError) -> None:
@@ -295,16 +303,19 @@ class _Trial:
         proc.check_alive()  # vLLM answers 200 streams with an error body when its core dies
 
     def _valid_run(self, launch: LaunchSpec, proc: EngineProcess, repeat: int) -> dict[str, Any]:
-        """One run of the workload that measured the engine, not the client.
+        """One run of the workload that measured the engine, not the client or the host.
 
-        A run whose client says it was starved, or that lost requests on the client's side, is
-        not a measurement: it is run again (up to :data:`CLIENT_RERUNS` times, each recorded
-        with its reason), and when every attempt was limited the trial is ``client_limited``.
+        A run whose client says it was starved, that lost requests on the client's side, or
+        during which other processes took the engine's cores, is not a measurement, nor is its
+        early stop: it is run again (up to :data:`CLIENT_RERUNS` times, each recorded with its
+        reason), and when every attempt was limited the trial is ``client_limited`` (or
+        ``host_disturbed`` when the host disturbed the last one).
         """
-        problem = ""
+        problem, disturbed = "", ""
         for attempt in range(CLIENT_RERUNS + 1):
             run = self._watched_run(launch, proc)
-            problem = client_problem(run) if self.spec.judge_client else ""
+            disturbed = disturbance(run) if self.spec.judge_client and self.spec.judge_host else ""
+            problem = (client_problem(run) or disturbed) if self.spec.judge_client else ""
             if not problem and run.get("early_stop"):
                 # A stopped run is final: its verdict is known, and lengthening it would undo the saving.
                 self.early_stop = run["early_stop"]
@@ -313,6 +324,8 @@ class _Trial:
                 return self._long_enough(launch, proc, run) if self.spec.judge_client else run
             self.reruns.append({"repeat": repeat, "attempt": attempt, "reason": problem})
             self.progress.message(f"  run {repeat + 1} not scored: {problem}; running it again")
+        if problem == disturbed:
+            raise HostDisturbed(f"host-disturbed in all {CLIENT_RERUNS + 1} attempts, last: {problem}")
         raise ClientLimited(f"client-limited in all {CLIENT_RERUNS + 1} attempts, last: {problem}")
 
     def _watched_run(self, launch: LaunchSpec, proc: EngineProcess, workload: Workload | None = None) -> dict[str, Any]:
@@ -322,6 +335,7 @@ class _Trial:
         policy = self.spec.early_stop if self.spec.judge_client else None
         watch = EarlyStop(policy, workload) if policy is not None else None
         monitor = _ServerMonitor(proc, watch, self.watchdog) if watch is not None else None
+        host = _HostWatch(self.spec.cpus, proc.pgid, {**launch.env, **self.spec.env}, self.adapter.runs_on_cpu())
         try:
             result = run_workload_sync(
                 launch.base_url,
@@ -341,6 +355,8 @@ class _Trial:
             if monitor is not None:
                 monitor.stop()
         run = result.to_json(detailed=True)
+        if (seen := host.stop()) is not None:
+            run["host"] = seen
         self.attempts.append(run)
         try:
             # The watchdog's verdict first, then the exit as the process reports it (a dead
@@ -428,6 +444,30 @@ class _Trial:
         # Cumulative chunks (rate × elapsed): the watchdog wants to see them grow.
         self.watchdog.observe(p.completed + p.output_throughput * p.elapsed_s)
         self.progress.bench_progress(p.completed, p.total, p.output_throughput)
+
+
+class _HostWatch:
+    """Who else used the engine's cores (a CPU engine with its own cores) or its GPUs during
+    one run (``runtime/hostshare.py``); what :meth:`stop` returns is the run's ``host`` record."""
+
+    def __init__(self, cpus: CpuPartition | None, pgid: int | None, env: Mapping[str, str], on_cpu: bool):
+        self.pgid, self.on_cpu = pgid, on_cpu
+        self.devices = visible_devices(dict(env))
+        self.cores = CoreShare(cpus.engine, pgid) if cpus is not None and pgid else None
+        self.strangers: dict[str, list[int]] = {}
+        if self.cores is not None:
+            self.cores.start(time.monotonic())
+        elif pgid and not on_cpu:
+            self.strangers = gpu_strangers(self.devices, pgid)
+
+    def stop(self) -> dict[str, Any] | None:
+        if self.cores is not None:
+            return self.cores.stop(time.monotonic())
+        if not self.pgid or self.on_cpu:
+            return None
+        for index, pids in gpu_strangers(self.devices, self.pgid).items():
+            self.strangers[index] = sorted({*self.strangers.get(index, []), *pids})
+        return {"gpu_strangers": self.strangers} if self.strangers else None
 
 
 class _ServerMonitor:
@@ -571,8 +611,9 @@ def run_trial(
     except EngineStartupError as err:
         result.outcome = adapter.classify_failure(err.returncode, t.events)
         _explain(result, t, err)
-    except ClientLimited as err:
-        result.outcome, result.reason = Outcome.CLIENT_LIMITED, str(err)
+    except (ClientLimited, HostDisturbed) as err:
+        limited = isinstance(err, ClientLimited)
+        result.outcome, result.reason = Outcome.CLIENT_LIMITED if limited else Outcome.HOST_DISTURBED, str(err)
         result.facts.update(client_reruns=t.reruns, transient=True)
     except (EngineCrashed, BenchmarkError) as err:
         oom = any(e.kind == EventKind.OOM_RUNTIME for e in t.events)

@@ -55,6 +55,11 @@ def _tune_cmd(results: Path, vllm_python: str, tiny_model: str) -> list[str]:
         str(results),
         "--seed",
         "0",
+        # The subject is kill, resume and export: no second launch of the defaults for the noise,
+        # and no re-run for another test's engine sharing the cores (`make test` runs two at once).
+        "--noise-runs",
+        "0",
+        "--no-host-check",
     ]
 
 

@@ -16,9 +16,12 @@ import autotune.search.trial as trial_module
 from autotune.bench.loadgen import run_workload_sync
 from autotune.bench.result import BenchResult
 from autotune.cli import app
+from autotune.engines import get_adapter
+from autotune.outcomes import Outcome
 from autotune.search.diagnosis import client_problem
+from autotune.search.progress import NullProgress
 from autotune.search.storage import load_study
-from autotune.search.trial import CLIENT_RERUNS
+from autotune.search.trial import CLIENT_RERUNS, TrialSpec, run_trial
 from autotune.search.tune import run_study
 
 pytestmark = pytest.mark.slow
@@ -91,3 +94,41 @@ def test_a_trial_whose_every_run_was_limited_is_client_limited_never_scored(
 def test_client_problem_names_what_made_the_run_invalid(run: dict[str, Any], problem: str) -> None:
     assert client_problem(run).startswith(problem)
     assert bool(client_problem(run)) == bool(problem)
+
+
+
+DISTURBED = "other processes took 35% of the engine's core(s) 0 during the run (more than 10%): the host was measured"
+
+
+@pytest.mark.sim
+def test_a_run_the_host_disturbed_is_run_again_and_a_trial_disturbed_every_time_is_never_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's verdict comes from the engine's cores (runtime/hostshare.py); here it says
+    "disturbed" for every run of a trial that is judged for it."""
+    judged: list[dict[str, Any]] = []
+
+    def disturbed(run: dict[str, Any]) -> str:
+        judged.append(run)
+        return DISTURBED
+
+    monkeypatch.setattr(trial_module, "disturbance", disturbed)
+    job = _job(tmp_path, SEARCH_SPACE, method="search", trials=1, finalists=0, baseline=False)
+    adapter = get_adapter(job.engine)
+    spec = TrialSpec(0, "search", adapter.to_flags({}), tmp_path / "0", judge_host=True)
+    result = run_trial(spec, adapter, job.workload, NullProgress())
+    assert len(judged) == CLIENT_RERUNS + 1
+    assert result.outcome == Outcome.HOST_DISTURBED and result.outcome.retryable and not result.outcome.served
+    reason = result.reason or ""
+    assert reason.startswith("host-disturbed in all") and DISTURBED in reason
+    assert [r["reason"] for r in result.facts["client_reruns"]] == [DISTURBED] * (CLIENT_RERUNS + 1)
+
+
+@pytest.mark.sim
+def test_a_simulated_engine_is_never_judged_for_its_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its runs are timed in modelled time, which a busy host does not change."""
+    monkeypatch.setattr(trial_module, "disturbance", lambda run: DISTURBED)
+    job = _job(tmp_path, SEARCH_SPACE, method="search", trials=1, finalists=0, baseline=False, retries=0)
+    run_study(job)
+    (t,) = load_study("t", job.storage_url).trials
+    assert t.user_attrs["outcome"] == "ok"

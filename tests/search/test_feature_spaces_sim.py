@@ -93,7 +93,8 @@ def test_quality_agreement_is_recorded_against_the_baseline(tmp_path: Path) -> N
     workload = {**WORKLOAD, "quality_min_agreement": 0.9}
     job = _job(tmp_path, space, _engine("vllm", "meta-llama/Llama-3.1-8B-Instruct"), workload, trials=1, seed=1)
     run_study(job)
-    baseline, search = load_study("t", job.storage_url).trials
+    baseline, noise, search = load_study("t", job.storage_url).trials
+    assert noise.user_attrs["stage"] == "noise" and noise.user_attrs["facts"]["quality_agreement"] == 1.0
     reference = Path(baseline.user_attrs["trial_dir"]) / "greedy.json"
     assert len(json.loads(reference.read_text())["outputs"]) > 0
     assert "quality_agreement" not in baseline.user_attrs["facts"]  # the reference itself

@@ -128,7 +128,7 @@ def test_two_workers_share_one_study(tmp_path: Path, pg_url: str, study_name: st
     assert all(t.state == TrialState.FAIL and "engine_pgid" not in t.user_attrs for t in withdrawn)
     trials = [t for t in every if t not in withdrawn]
     assert all(t.state == TrialState.COMPLETE for t in trials)
-    assert [len(_counted(every, s)) for s in ("baseline", "search")] == [1, 6]
+    assert [len(_counted(every, s)) for s in ("baseline", "noise", "search")] == [1, 1, 6]
     # Each validated config (the finalist, and the defaults beside it unless it is the defaults) runs twice.
     runs: dict[Any, int] = {}
     for t in _counted(every, "validation"):
@@ -136,7 +136,7 @@ def test_two_workers_share_one_study(tmp_path: Path, pg_url: str, study_name: st
     (finalist,) = [k for k in runs if k != "defaults"]
     assert set(runs.values()) == {2}
     assert ("defaults" in runs) == bool(study.trials[finalist].user_attrs["params"])
-    assert len(trials) == 7 + sum(runs.values())
+    assert len(trials) == 8 + sum(runs.values())
     # No configuration is searched twice, even by two workers asking at the same moment.
     searched = [tuple(sorted(t.params.items())) for t in _counted(trials, "search")]
     assert len(set(searched)) == len(searched), searched

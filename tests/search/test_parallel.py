@@ -176,12 +176,14 @@ def test_parallel_search_runs_trials_at_once_on_disjoint_gpu_groups(tmp_path: Pa
     study = load_study("p", job.storage_url)
     trials = study.get_trials(states=(TrialState.COMPLETE,))
     stages = [t.user_attrs["stage"] for t in trials]
-    # 2 re-runs of the finalist and 2 of the engine's defaults beside them (the paired gain).
-    assert (stages.count("baseline"), stages.count("search"), stages.count("validation")) == (1, 6, 4)
+    # The defaults launched twice (the noise), 2 re-runs of the finalist and 2 of the engine's
+    # defaults beside them (the paired gain).
+    counts = [stages.count(s) for s in ("baseline", "noise", "search", "validation")]
+    assert counts == [1, 1, 6, 4]
     # The shared quota is exact: no slot overshoots it. A proposal of a measured configuration is
     # withdrawn before launch (autotune.search.novelty) and takes no place.
     withdrawn = [t for t in study.trials if t.user_attrs.get("outcome") == WITHDRAWN]
-    assert len(study.trials) - len(withdrawn) == 11
+    assert len(study.trials) - len(withdrawn) == 12
     assert all("engine_pgid" not in t.user_attrs for t in withdrawn)
     for t in trials:
         tp = int(t.user_attrs["flags"].get("--tensor-parallel-size", 1))

@@ -59,7 +59,8 @@ def test_search_study_completes_and_exports(tmp_path: Path) -> None:
     assert isinstance(validates[-1], int)
     defaults_won = not study.trials[validates[-1]].user_attrs["params"]
     assert validates[:-1] == ([] if defaults_won else ["defaults"])
-    assert stages == ["baseline", "search", "search", "search"] + ["validation"] * len(validates)
+    # The defaults run twice before the search: the second launch measures the study's noise.
+    assert stages == ["baseline", "noise", "search", "search", "search"] + ["validation"] * len(validates)
     assert study.user_attrs["verdict"]["winner"] == best.number
     line = study.user_attrs["verdict"]["line"]
     assert "one paired run" in line or "defaults won" in line
