@@ -327,6 +327,9 @@ def test_markdown_has_the_gain_table_flags_and_failures(full: dict[str, Any]) ->
     assert "| `--gpu-memory-utilization` | (engine default) | **0.92** |" in md
     assert re.search(r"\| oom_startup \| 1 \| \d+ \| `torch\.OutOfMemoryError", md)
     assert "| slo_violation | 1 |" in md
+    # The noise every decision allowed for: the winner's three launches spread the widest.
+    assert "Decisions allowed for the run-to-run noise ±6.7% (widest of" in md
+    assert "Decisions allowed for the run-to-run noise ±6.7% (widest of" in full["html"]
 
 
 # ------------------------------------------------------------------------------- sparse studies
