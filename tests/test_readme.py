@@ -43,7 +43,8 @@ from simserver import running_simulator
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 AUTOTUNE = str(Path(sys.executable).parent / "autotune")
-pytestmark = pytest.mark.timeout(900)
+# One xdist group: under `make test` the shared workspace (every documented study) is built once.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("readme")]
 
 QUICK = """# A small chat workload standing in for the documents' (see tests/test_readme.py).
 name: readme-chat

@@ -30,6 +30,8 @@ from autotune.report.summary import CDF_POINTS, _empirical, summarize
 from autotune.search.record import WITHDRAWN, trial_record
 from autotune.search.storage import default_storage_url, load_study
 
+# One xdist group: under `make test` the shared study and its report are built once, not on each worker.
+pytestmark = pytest.mark.xdist_group("report")
 STUDY = "nightly"
 SLOS = {"p95_ttft_ms": 1000.0, "p95_tpot_ms": 50.0}
 DISTRIBUTIONS = {

@@ -17,7 +17,8 @@ from autotune.search.stages import STEP, predict_memory_edge, slo_first_move
 from autotune.search.storage import load_study
 from autotune.search.tune import TuneJob, run_study
 
-pytestmark = [pytest.mark.sim, pytest.mark.slow]
+# One xdist group: under `make test` the module's shared staged study is built once, not on each worker.
+pytestmark = [pytest.mark.sim, pytest.mark.slow, pytest.mark.xdist_group("staged-levers")]
 
 # At 20× a modelled TPOT of 18 ms (64 sequences per decode step) reads 0.9 ms on the wall, and
 # 10.5 ms (32 sequences) 0.53 ms: the bound breaks the defaults and a busy machine only adds time.
