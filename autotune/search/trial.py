@@ -94,8 +94,9 @@ class TrialSpec:
     # False for a probe under a peak shape (the memory edge): it asks only whether the engine
     # survives the load, which a slow client does not change, and its value never ranks.
     judge_client: bool = True
-    # Re-run a run during which other processes took the engine's cores (``cpus`` only; a
-    # simulated engine runs in modelled time and is not judged). The shares are recorded anyway.
+    # Re-run a run during which other processes took the engine's cores (with ``cpus``) or held
+    # its GPUs (``runtime/hostshare.py``); a simulated engine runs in modelled time and is not
+    # judged. What was seen is recorded either way.
     judge_host: bool = False
     # Flags that change how the engine starts, not what is measured (mapping its weights from
     # the study's weight-cache daemon): launched and written to argv.json, never exported.
