@@ -64,3 +64,15 @@ def sim_job(
         workload=workload if isinstance(workload, Workload) else parse_model(Workload, workload, "test workload"),
         study=parse_model(StudySettings, {"name": "t", "results_dir": results_dir, "seed": 1, **study}, "test study"),
     )
+
+
+def unlaunched_job(tmp_path: Path, space: dict[str, Any], workload: dict[str, Any]) -> TuneJob:
+    """A study job for tests that store trials by hand or stop at the launch: a vLLM adapter whose
+    command (``python -c pass``) is never started."""
+    engine = {"kind": "vllm", "model": "m", "command": [sys.executable, "-c", "pass"]}
+    return TuneJob(
+        engine=parse_model(EngineSettings, engine, "engine"),
+        space=parse_model(SearchSpace, space, "space"),
+        workload=parse_model(Workload, workload, "workload"),
+        study=parse_model(StudySettings, {"name": "n", "results_dir": tmp_path, "seed": 3}, "study"),
+    )

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +10,17 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
+from simstudy import unlaunched_job
 
 from autotune.bench.earlystop import CANNOT_WIN, EarlyStop, EarlyStopPolicy
 from autotune.bench.metrics import RequestRecord
-from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.config import Workload, parse_model
 from autotune.engines import get_adapter
 from autotune.search.noise import FLOOR, study_noise
 from autotune.search.progress import NullProgress
 from autotune.search.runner import StudyRun
 from autotune.search.storage import open_study
 from autotune.search.trial import early_stop_policy
-from autotune.search.tune import TuneJob
 
 SPACE = {"params": {"max_running": {"type": "categorical", "choices": [16, 32, 64]}}}
 WORKLOAD = {"name": "w", "dataset": {"input_len": 64, "output_len": 8}, "num_prompts": 1000}
@@ -29,15 +28,7 @@ METRIC = "output_throughput"
 
 
 def _run(tmp_path: Path) -> StudyRun:
-    engine = parse_model(
-        EngineSettings, {"kind": "vllm", "model": "m", "command": [sys.executable, "-c", "pass"]}, "engine"
-    )
-    job = TuneJob(
-        engine=engine,
-        space=parse_model(SearchSpace, SPACE, "space"),
-        workload=parse_model(Workload, WORKLOAD, "workload"),
-        study=parse_model(StudySettings, {"name": "n", "results_dir": tmp_path, "seed": 3}, "study"),
-    )
+    job = unlaunched_job(tmp_path, SPACE, WORKLOAD)
     study = open_study("n", job.storage_url, directions=["maximize"], sampler=optuna.samplers.RandomSampler(seed=0))
     return StudyRun(job, get_adapter(job.engine), study, NullProgress())
 

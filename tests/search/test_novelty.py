@@ -3,7 +3,6 @@ before its engine starts and an unmeasured point of the space runs instead."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,16 +10,16 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
+from simstudy import unlaunched_job
 from studyrace import record_after_first_poll
 
-from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
+from autotune.config import SearchSpace, parse_model
 from autotune.engines import get_adapter
 from autotune.search.novelty import config_key, measured, unmeasured_point
 from autotune.search.progress import NullProgress
 from autotune.search.record import WITHDRAWN, trial_record, write_trial
 from autotune.search.runner import StudyRun, Withdrawn
 from autotune.search.storage import open_study
-from autotune.search.tune import TuneJob
 
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # PartialFixedSampler
 SPACE = {"params": {"max_running": {"type": "categorical", "choices": [16, 32, 64]}}}
@@ -41,15 +40,7 @@ class _Messages(NullProgress):
 
 def _run(tmp_path: Path, proposes: int) -> StudyRun:
     """A study whose sampler always proposes ``max_running = proposes``."""
-    engine = parse_model(
-        EngineSettings, {"kind": "vllm", "model": "m", "command": [sys.executable, "-c", "pass"]}, "engine"
-    )
-    job = TuneJob(
-        engine=engine,
-        space=parse_model(SearchSpace, SPACE, "space"),
-        workload=parse_model(Workload, WORKLOAD, "workload"),
-        study=parse_model(StudySettings, {"name": "n", "results_dir": tmp_path, "seed": 3}, "study"),
-    )
+    job = unlaunched_job(tmp_path, SPACE, WORKLOAD)
     sampler = optuna.samplers.PartialFixedSampler({"max_running": proposes}, optuna.samplers.RandomSampler(seed=0))
     study = open_study("n", job.storage_url, directions=["maximize"], sampler=sampler)
     run = StudyRun(job, get_adapter(job.engine), study, _Messages())
