@@ -31,7 +31,7 @@ from autotune.outcomes import Outcome
 from autotune.search.novelty import config_key
 from autotune.search.record import trial_records
 
-__all__ = ["FLOOR", "StudyNoise", "study_noise"]
+__all__ = ["FLOOR", "StudyNoise", "runs_by_configuration", "study_noise"]
 
 # Two runs that agree closely by chance must not make every decision hair-trigger: the smallest
 # figure a decision is allowed to rest on. The only noise constant a decision uses.
@@ -71,7 +71,11 @@ def study_noise(trials: Iterable[FrozenTrial], metric: str) -> StudyNoise:
     """The study's noise on ``metric`` from its trials."""
     trials = list(trials)
     records = trial_records(trials)
-    spreads = [(_spread(values), f"{label}: {_values(values)}") for label, values in _groups(trials, metric)]
+    spreads = [
+        (_spread(values), f"trials {', '.join(map(str, numbers))}: {_values(values)}")
+        for numbers, values in runs_by_configuration(trials, metric).values()
+        if len(values) > 1
+    ]
     spreads += [
         (float(r.spread[metric]), f"repeated runs of trial {r.number} on one engine")
         for r in records
@@ -85,10 +89,10 @@ def study_noise(trials: Iterable[FrozenTrial], metric: str) -> StudyNoise:
     return StudyNoise(widest, f"widest of {len(spreads)} measured: {where}")
 
 
-def _groups(trials: list[FrozenTrial], metric: str) -> list[tuple[str, list[float]]]:
-    """Configurations launched more than once: served full runs of the study's workload, by
-    flags (a finalist's trial with its validation re-runs, the baseline with its noise runs and
-    the defaults' validation runs)."""
+def runs_by_configuration(trials: list[FrozenTrial], metric: str) -> dict[str, tuple[list[int], list[float]]]:
+    """Configuration key → (trial numbers, ``metric`` values) of its served full runs under the
+    study's workload: a finalist's trial with its validation re-runs, the baseline with its noise
+    runs and the defaults' validation runs each form one group."""
     groups: dict[str, tuple[list[int], list[float]]] = {}
     for t, r in zip(trials, trial_records(trials), strict=True):
         if t.state != TrialState.COMPLETE or r.is_probe or r.outcome not in _SERVED:
@@ -99,7 +103,7 @@ def _groups(trials: list[FrozenTrial], metric: str) -> list[tuple[str, list[floa
         numbers, values = groups.setdefault(config_key(r.flags), ([], []))
         numbers.append(t.number)
         values.append(float(value))
-    return [(f"trials {', '.join(map(str, n))}", v) for n, v in groups.values() if len(v) > 1]
+    return groups
 
 
 def _spread(values: list[float]) -> float:

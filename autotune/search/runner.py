@@ -35,7 +35,7 @@ from autotune.runtime.cpuset import plan_partition
 from autotune.runtime.gpu import wait_pids_released
 from autotune.search.diagnosis import WHERE
 from autotune.search.job import TuneJob
-from autotune.search.noise import StudyNoise, study_noise
+from autotune.search.noise import StudyNoise, runs_by_configuration, study_noise
 from autotune.search.novelty import config_key, measured, unmeasured_point
 from autotune.search.objective import is_feasible
 from autotune.search.progress import Progress
@@ -462,20 +462,10 @@ class StudyRun:
         )
 
     def _runs_of(self, flags: Mapping[str, Any]) -> list[float]:
-        """Every full served run of one configuration under the study's workload: its trials'
-        values (a baseline's noise re-runs included), and its validation rounds."""
-        key = config_key(flags)
-        complete = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        same = [
-            (t, r)
-            for t, r in zip(complete, trial_records(complete), strict=True)
-            if r.stage != STAGE_VALIDATION and not r.is_probe and t.values and config_key(r.flags or {}) == key
-        ]
-        checked = validation(self.study)
-        runs: list[float] = []
-        for t, _ in same:  # a validated trial's values begin with its own run
-            runs += [float(v) for v in checked[t.number]["values"]] if t.number in checked else [float(t.values[0])]
-        return runs
+        """Every full served run of one configuration under the study's workload (its trials,
+        a baseline's noise runs, its validation rounds)."""
+        groups = runs_by_configuration(self.trials(), self.job.workload.objective.metric)
+        return groups.get(config_key(flags), ([], []))[1]
 
     def noise(self) -> StudyNoise:
         """The study's run-to-run noise on its objective (``search/noise.py``): the one figure
