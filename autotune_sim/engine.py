@@ -5,8 +5,8 @@ modelled clock by the step time (× noise), waits until the wall clock reaches t
 time ÷ speed-up, then commits the step and hands every sampled token to its request's sink.
 Work is per step and per sampled token, never per request per wall tick.
 
-Wall mapping: ``wall = wall0 + (t − t0) ÷ speedup``, one :class:`ModelClock` for every engine
-of the process (data-parallel ranks share it, so their stamps compare). Steps shorter than a
+Wall mapping: ``wall = wall0 + (t − t0) ÷ speedup``, one :class:`~autotune_sim.clock.ModelClock` for every
+engine of the process (data-parallel ranks share it, so their stamps compare). Steps shorter than a
 millisecond of wall time run back to back (the event loop still serves I/O between them), so a
 fast-forwarded run keeps its modelled rates. When the host CPU cannot keep up — the engine is
 more than ``LAG_LIMIT_S`` of wall time behind — the mapping is re-anchored and the lag is counted
@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
 from typing import Protocol
 
+from autotune_sim.clock import GATE_LIMIT_S, HOLD_LIMIT_S, ModelClock
 from autotune_sim.memory import Footprint, step_bytes
 from autotune_sim.perf import GraphMode, PerfModel
 from autotune_sim.scheduler import Batch, Scheduler, SimRequest
 from autotune_sim.settings import FaultPlan
 from autotune_sim.stats import EngineStats
 
-__all__ = ["Engine", "EngineObserver", "Fatal", "ModelClock", "TokenSink"]
+__all__ = ["Engine", "EngineObserver", "Fatal", "TokenSink"]
 
 LAG_LIMIT_S = 0.05
-HOLD_LIMIT_S = 0.5  # the longest the clock waits for a promised successor (wall seconds)
 SLEEP_MIN_S = 0.001  # the event loop cannot sleep shorter than its clock resolution
 YIELD_EVERY_S = 0.002  # back-to-back steps still let the server read and write this often
 
@@ -66,57 +65,6 @@ class EngineObserver(Protocol):
 
     def on_lag(self, lag_s: float) -> None:
         """The host CPU fell behind modelled time by ``lag_s`` wall seconds in total."""
-
-
-class ModelClock:
-    """Modelled seconds against the wall clock: ``t = t0 + (wall − wall0) × speedup``, re-anchored
-    when an engine falls behind it, and held while a closed-loop client owes a request.
-
-    Why the hold: a closed-loop client sends its next request when the previous one ends, a few
-    wall-clock milliseconds later (its own and the server's CPU time), which the speed-up would
-    turn into a modelled gap twenty times longer. A request that promised a successor
-    (``SimRequest.successor``) holds the clock when it ends: no engine steps and modelled time
-    stands still until the next client request arrives, the client says none will come, or
-    ``HOLD_LIMIT_S`` of wall time passes.
-    """
-
-    def __init__(self, speedup: float, clock: Callable[[], float]) -> None:
-        self.speedup, self.wall = speedup, clock
-        self.t0, self.wall0 = 0.0, clock()
-        self.owed = 0  # successors promised and not yet arrived
-        self._held_at = 0.0
-        self.settled = asyncio.Event()
-        self.settled.set()
-
-    def now(self) -> float:
-        """The modelled time of this wall instant."""
-        if self.owed:
-            return self._held_at
-        return self.t0 + (self.wall() - self.wall0) * self.speedup
-
-    def hold(self, t: float) -> None:
-        """A request that promised a successor ended at modelled ``t``."""
-        if not self.owed:
-            self._held_at = t
-            self.settled.clear()
-        self.owed += 1
-
-    def settle(self, all_owed: bool = False) -> None:
-        """A successor arrived (or, ``all_owed``, the client will send none): resume from the held time."""
-        if not self.owed:
-            return
-        self.owed = 0 if all_owed else self.owed - 1
-        if not self.owed:
-            self.anchor(self._held_at)
-            self.settled.set()
-
-    def due(self, t: float) -> float:
-        """The wall instant of modelled time ``t``."""
-        return self.wall0 + (t - self.t0) / self.speedup
-
-    def anchor(self, t: float) -> None:
-        """Modelled time ``t`` is now: the time lost to a host that could not keep up is dropped."""
-        self.t0, self.wall0 = t, self.wall()
 
 
 class Engine:
@@ -162,14 +110,17 @@ class Engine:
         return max(self.t, now)
 
     # --------------------------------------------------------------------------- requests
-    def submit(self, req: SimRequest, *, internal: bool = False) -> None:
-        """Queue a request; a client's (not ``internal``) may trip a fault that counts requests."""
+    def submit(self, req: SimRequest, *, internal: bool = False, at: float | None = None) -> None:
+        """Queue a request; a client's (not ``internal``) may trip a fault that counts requests.
+        ``at``: its modelled arrival, when a gate held the clock for it (else: now)."""
         if self.dead:
             raise Fatal("crash")
         if not internal:
             self.clock.settle()  # a held clock's successor (a no-op when none is owed)
-        req.arrival = self.model_now()
-        self.t = max(self.t, req.arrival)
+        idle = not self.scheduler.has_work()
+        req.arrival = self.model_now() if at is None else at
+        if idle:  # a busy engine takes it at its next step; an idle one wakes at its arrival
+            self.t = max(self.t, req.arrival)
         self.stats.requests_total += 1
         self.scheduler.add(req)
         self._wake.set()
@@ -218,6 +169,9 @@ class Engine:
             if self.clock.owed:
                 await self._await_successors()
                 continue
+            if self.clock.gated(self.t):
+                await self._await_arrival()
+                continue
             batch = self.scheduler.schedule(self.t)
             if batch is None:
                 await self._idle()
@@ -250,6 +204,11 @@ class Engine:
                 await self.clock.settled.wait()
         except TimeoutError:
             self.clock.settle(all_owed=True)  # the client sent none after all (it stopped, it failed)
+
+    async def _await_arrival(self) -> None:
+        """Start no step past a paced request that is due and has not come (the clock's gates)."""
+        if not await self.clock.gate_moved(GATE_LIMIT_S):
+            self.clock.drop_gates()  # the client stopped sending
 
     def _check_memory(self, batch: Batch) -> None:
         shape = batch.shape

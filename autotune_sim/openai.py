@@ -20,11 +20,16 @@ ignore comments, so the stream stays valid for any client; a client that reads t
 run in modelled time, whatever the speed-up and however loaded the host. A request that carries
 ``x-autotune-successor: 1`` holds the modelled clock when it ends, until the client's next
 request (or ``x-autotune-successor: 0`` on ``/v1/models``: none will come; a number there: a run's
-first wave of that many requests is on its way) — see :class:`~autotune_sim.engine.ModelClock`.
+first wave of that many requests is on its way). A paced run's requests carry their due time,
+``x-autotune-arrival: <offset>`` (modelled seconds after the run's start), and the next one's,
+``x-autotune-next-arrival`` (on ``/v1/models``: the first one's, which starts the run): the
+request enters the engine at that modelled time, however late the client sent it — see
+:mod:`autotune_sim.clock`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -32,7 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune_sim.engine import Engine, Fatal, ModelClock
+from autotune_sim.clock import ModelClock
+from autotune_sim.engine import Engine, Fatal
 from autotune_sim.http import Request, Responder
 from autotune_sim.scheduler import SimRequest
 from autotune_sim.tokenizer import Tokenizer
@@ -42,6 +48,8 @@ __all__ = ["ApiError", "Exchange", "OpenAIServer", "ServingConfig", "natural_len
 DONE = b"data: [DONE]\n\n"
 CLOCK_HEADER = "x-autotune-clock"  # value "modelled": the client reads the modelled stamps
 SUCCESSOR_HEADER = "x-autotune-successor"  # "1": another request follows the moment this one ends
+ARRIVAL_HEADER = "x-autotune-arrival"  # a paced request's due time: modelled seconds after the run's start
+NEXT_ARRIVAL_HEADER = "x-autotune-next-arrival"  # the next request's (on /v1/models: the first's)
 
 
 class ApiError(Exception):
@@ -80,6 +88,22 @@ def natural_length(prompt: Sequence[int], seed: int, max_tokens: int, min_tokens
     return (own, "stop") if own < max_tokens else (max_tokens, "length")
 
 
+def _offset(value: str, header: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ApiError(400, f"{header} must be a number of modelled seconds, got {value!r}") from None
+
+
+def _gate(request: Request) -> tuple[float, float | None] | None:
+    """A paced request's due offset and the next one's (None: the request is not gated)."""
+    own = request.headers.get(ARRIVAL_HEADER)
+    if own is None:
+        return None
+    after = request.headers.get(NEXT_ARRIVAL_HEADER)
+    return _offset(own, ARRIVAL_HEADER), None if after is None else _offset(after, NEXT_ARRIVAL_HEADER)
+
+
 class EngineGroup:
     """Data-parallel engines behind one API server; a request goes to the least loaded one."""
 
@@ -90,9 +114,9 @@ class EngineGroup:
     def clock(self) -> ModelClock:
         return self.engines[0].clock
 
-    def submit(self, req: SimRequest) -> Engine:
+    def submit(self, req: SimRequest, at: float | None = None) -> Engine:
         engine = min(self.engines, key=lambda e: len(e.scheduler.running) + len(e.scheduler.waiting))
-        engine.submit(req)
+        engine.submit(req, at=at)
         return engine
 
 
@@ -120,6 +144,8 @@ class Exchange:
         self.rid = api.next_id(chat)
         self.created = int(time.time())
         self.reqs: list[tuple[SimRequest, Engine]] = []
+        self.gate: tuple[float, float | None] | None = None  # a paced request's due and next offsets
+        self.waiting: asyncio.Task[None] | None = None  # until its due time
         self.texts: list[list[str]] = []
         self.pending: list[list[bytes]] = []
         self._templates: list[tuple[bytes, tuple[bytes, ...], bytes]] = []
@@ -239,6 +265,8 @@ class Exchange:
 
     def cancel(self) -> None:
         """The client went away: stop generating."""
+        if self.waiting is not None:
+            self.waiting.cancel()
         for req, engine in self.reqs:
             engine.abort(req)
 
@@ -331,11 +359,17 @@ class OpenAIServer:
             }
             data.append(card)
         clock, promised = self.engines.clock, request.headers.get(SUCCESSOR_HEADER, "")
+        first = request.headers.get(NEXT_ARRIVAL_HEADER)
         if promised == "0":
             clock.settle()  # a closed-loop client will send no request for a freed slot
         elif promised.isdigit():  # a closed-loop run starts: its first requests are on their way
+            clock.drop_gates()
             for _ in range(int(promised)):
                 clock.hold(clock.now())
+        elif first is not None:  # a paced run starts: its arrivals are gated (autotune_sim.clock)
+            clock.open_gates(_offset(first, NEXT_ARRIVAL_HEADER))
+        elif request.headers.get(CLOCK_HEADER) == "modelled":
+            clock.drop_gates()  # a client's new run: an earlier run that stopped early gates nothing
         body = json.dumps({"object": "list", "data": data}, separators=(",", ":")).encode()
         resp.send(200, body, headers=self.clock_headers(request))
 
@@ -462,6 +496,7 @@ class OpenAIServer:
             stamped=request.headers.get(CLOCK_HEADER) == "modelled",
             successor=request.headers.get(SUCCESSOR_HEADER) == "1",
         )
+        exchange.gate = _gate(request)
         ignore_eos = bool(body.get("ignore_eos", False))
         min_tokens = int(body.get("min_tokens") or 0)
         planned: list[SimRequest] = []
@@ -511,11 +546,29 @@ class OpenAIServer:
         if stream:
             resp.start_stream()
         resp.on_close = exchange.cancel
+        if exchange.gate is None:
+            self._submit(exchange, reqs)
+        else:
+            exchange.waiting = asyncio.get_running_loop().create_task(self._submit_when_due(exchange, reqs))
+
+    def _submit(self, exchange: Exchange, reqs: list[SimRequest], at: float | None = None) -> None:
         try:
             for req in reqs:
-                exchange.reqs.append((req, self.engines.submit(req)))
+                exchange.reqs.append((req, self.engines.submit(req, at=at)))
         except Fatal:
             exchange.fail(reqs[0], self._dead_message() or "EngineCore encountered an issue.")
+
+    async def _submit_when_due(self, exchange: Exchange, reqs: list[SimRequest]) -> None:
+        """A paced request enters at its due modelled time, whenever the client sent it."""
+        assert exchange.gate is not None
+        clock = self.engines.clock
+        at, next_at = (None if o is None else clock.arrival_time(o) for o in exchange.gate)
+        assert at is not None
+        try:
+            on_time = await clock.until_due(at)
+        finally:  # a request the client gave up on still came: the schedule goes on without it
+            clock.pass_gate(at, next_at)
+        self._submit(exchange, reqs, at if on_time else None)
 
     def full_response(self, exchange: Exchange, reqs: list[SimRequest], usage: dict[str, int]) -> dict[str, Any]:
         """The non-streaming response body once every choice finished."""

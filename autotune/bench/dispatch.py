@@ -11,7 +11,9 @@ turn, so a result is complete even when the deadline cuts the run short.
 
 Against the simulator the schedule is in modelled seconds: the caller compresses the offsets by
 the speed-up and a think time is compressed here (``RequestShape.sim_speedup``), so the modelled
-server sees the workload's arrival process; pacing itself always follows the wall clock.
+server sees the workload's arrival process; pacing itself always follows the wall clock, and a
+paced run's first turns carry their modelled due time, so the simulator admits each at its time
+however late it left (``Shard.due``).
 
 The loop's health is measured at the same time (CPU share of the loop thread, wake-up lag of a
 10 ms timer, send lag against the schedule) for the client self-check.
@@ -34,7 +36,7 @@ from autotune.bench.earlystop import STOPPED_ERROR
 from autotune.bench.metrics import CLIENT, RequestRecord
 from autotune.bench.plan import Session
 from autotune.bench.selfcheck import probe_loop
-from autotune.bench.simclock import SUCCESSOR_HEADER
+from autotune.bench.simclock import SUCCESSOR_HEADER, arrival_headers
 from autotune.bench.stream import LiveCounters, stream_request
 from autotune.bench.transport import ClientLanes
 
@@ -50,12 +52,16 @@ class Shard:
         session_ids: Index of each session in the whole run.
         offsets: Planned start of each session, seconds after the run's start.
         concurrency: Cap on this shard's requests in flight (None: no cap).
+        due: Against the simulator, a paced run's modelled due time of each session's first
+            request and of the run's next one (offsets from the run's start; None: not gated,
+            see :mod:`autotune.bench.simclock`).
     """
 
     sessions: list[Session]
     session_ids: list[int]
     offsets: list[float]
     concurrency: int | None
+    due: list[tuple[float, float | None]] | None = None
 
 
 @dataclass
@@ -190,6 +196,8 @@ class Dispatcher:
     def prepare(self, shard: Shard) -> Prepared:
         """Build the first request of every session and allocate the records (before the start)."""
         firsts = [self.factory.first(s.turns[0]) for s in shard.sessions]
+        for request, due in zip(firsts, shard.due or (), strict=False):
+            request.headers.update(arrival_headers(*due))
         records = [_records(s, sid) for s, sid in zip(shard.sessions, shard.session_ids, strict=True)]
         return Prepared(shard, firsts, records)
 

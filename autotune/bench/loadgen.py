@@ -63,7 +63,7 @@ from autotune.bench.plan import Plan, Session, build_plan
 from autotune.bench.prompts import PromptFormat, ServerTokenizer
 from autotune.bench.result import BenchProgress, BenchResult
 from autotune.bench.selfcheck import ClientCheck, SimTiming, assess_client, assess_modelled_client, lag_tolerance
-from autotune.bench.simclock import SimClock, probe_sim_clock
+from autotune.bench.simclock import SimClock, due_times, probe_sim_clock
 from autotune.bench.stream import LiveCounters
 from autotune.bench.transport import ClientLanes, keepalive_expiry, make_client
 from autotune.bench.workers import (
@@ -176,6 +176,13 @@ def _first_wave(w: Workload) -> int:
     return min(w.arrival.concurrency or w.num_prompts, w.num_prompts)
 
 
+def _gated(w: Workload) -> bool:
+    """Whether a simulator admits this run's requests at their modelled due times: a paced run
+    without a concurrency cap (under a cap a request also waits for a slot, which only the
+    server's own progress frees)."""
+    return _first_wave(w) == 0 and w.arrival.concurrency is None
+
+
 def auto_workers(w: Workload, cpus: int) -> int:
     """Worker processes for a run: one per ``STREAMS_PER_WORKER`` concurrent streams (the cap, or
     every session when all start at once) or per ``REQUEST_RATE_PER_WORKER`` requests/s, at most
@@ -262,6 +269,7 @@ class _RunSpec:
     early_stop: EarlyStop | None = None
     sim: SimClock | None = None  # the server is the simulator: times are modelled
     probe_clock: Callable[[], Awaitable[SimClock | None]] | None = None
+    due: list[tuple[float, float | None]] | None = None  # a paced simulated run's gated arrivals
 
     async def anchor_clock(self) -> None:
         """Re-read the simulator's clock right before the measured phase (it may have re-anchored
@@ -351,7 +359,8 @@ def _check(
     tolerance = lag_tolerance(w.slos, latency_judged=w.judges_latency, duration_s=seconds)
     if clock is None:
         return assess_client(cpu_share, lags, loop_lags, paced, tolerance)
-    sim = SimTiming(clock["speedup"], clock["achieved_speedup"], held=w.arrival.concurrency is not None)
+    held = w.arrival.concurrency is not None
+    sim = SimTiming(clock["speedup"], clock["achieved_speedup"], held=held, gated=spec.due is not None)
     return assess_modelled_client(cpu_share, lags, loop_lags, paced, tolerance, sim)
 
 
@@ -367,7 +376,8 @@ async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
         warm_failed = await dispatcher.warmup(spec.warm.sessions, w.arrival.concurrency, warm.done)
         warm.finish()
     n = len(spec.plan.sessions)
-    prepared = dispatcher.prepare(Shard(spec.plan.sessions, list(range(n)), spec.offsets, w.arrival.concurrency))
+    shard = Shard(spec.plan.sessions, list(range(n)), spec.offsets, w.arrival.concurrency, spec.due)
+    prepared = dispatcher.prepare(shard)
     await spec.anchor_clock()
     # The start lies a little ahead, as a sharded run's does: the GC freeze and the set-up of the
     # run's loop happen before it, not as a late first send.
@@ -392,7 +402,7 @@ async def _measure_inline(spec: _RunSpec, lanes: ClientLanes) -> _Measured:
 async def _measure_sharded(spec: _RunSpec, workers: int) -> _Measured:
     """The run split over ``workers`` processes (see :mod:`autotune.bench.workers`)."""
     w = spec.workload
-    shards = make_shards(spec.plan.sessions, spec.offsets, workers, w.arrival.concurrency)
+    shards = make_shards(spec.plan.sessions, spec.offsets, workers, w.arrival.concurrency, spec.due)
     warm = spec.warm_sessions
     warm_caps = split_concurrency(w.arrival.concurrency, workers)
     jobs = [
@@ -511,7 +521,10 @@ async def run_workload(
         )
         spec.early_stop = early_stop
         if sim is not None:
-            spec.probe_clock = functools.partial(probe_sim_clock, http, base, headers, hold=_first_wave(workload))
+            first_due = spec.due[0][0] if spec.due else None
+            spec.probe_clock = functools.partial(
+                probe_sim_clock, http, base, headers, hold=_first_wave(workload), first_due=first_due
+            )
         n = 1 if client is not None else (workers or auto_workers(workload, available_cpus()))
         measured = await (_measure_inline(spec, lanes) if n == 1 else _measure_sharded(spec, n))
     finally:
@@ -548,7 +561,8 @@ async def _spec(
     shape = RequestShape(base + _route(w), model, w.endpoint == "chat", headers, w.request_timeout_s, speedup)
     tls, keepalive_s = connection
     wall_offsets = (offsets / speedup if speedup else offsets).tolist()
-    return _RunSpec(w, shape, tls, keepalive_s, plan, warm, wall_offsets, deadline, on_progress, sim=sim)
+    due = due_times(offsets.tolist()) if speedup and _gated(w) else None
+    return _RunSpec(w, shape, tls, keepalive_s, plan, warm, wall_offsets, deadline, on_progress, sim=sim, due=due)
 
 
 def _count_clamped(records: Sequence[RequestRecord]) -> int:

@@ -20,13 +20,15 @@ A low CPU share on its own is *not* starvation: a client waiting for a slow engi
 loop still wakes on time. Only the loop's lateness says that it could not run when it had to.
 
 A run against the simulator is timed by the simulator's modelled stamps, not by the client's
-clock, so a late wake-up no longer moves a timestamp (:func:`assess_modelled_client`). What a
-late client still changes there is the load of a paced workload: a send that leaves late
-arrives late in modelled time, by the lateness times the speed-up. Such a run is judged by that
-amplified lateness, and by the simulator's own clock: ``sim_behind`` when it ran slower than the
-asked speed-up, which packs a paced workload's arrivals denser than declared. A closed-loop run
-needs neither: the simulator holds its clock while a freed slot waits for the client's next
-request (:mod:`autotune.bench.simclock`).
+clock, so a late wake-up no longer moves a timestamp (:func:`assess_modelled_client`), and a
+late send moves no arrival either: the simulator holds its clock while a closed-loop run's freed
+slot waits for the client's next request, and gates a paced run's arrivals at their modelled due
+times (:mod:`autotune.bench.simclock`) — such a run is judged only by a send later than the
+simulator waits for. What a late client still changes is a paced run under a concurrency cap,
+which is not gated: there a send that leaves late arrives late in modelled time, by the
+lateness times the speed-up, and the run is judged by that amplified lateness and by the
+simulator's own clock: ``sim_behind`` when it ran slower than the asked speed-up, which packs
+the arrivals denser than declared.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Literal
 
 import numpy as np
 
+from autotune.bench.simclock import GATE_LIMIT_S
 from autotune.config import LATENCY_KEY
 
 __all__ = [
@@ -185,13 +188,15 @@ def assess_client(
 
 @dataclass(frozen=True, slots=True)
 class SimTiming:
-    """What the simulator's stamps said about a run: the asked and the achieved speed-up, and
-    whether its clock was held for closed-loop hand-offs (then the achieved speed-up is lower by
-    the holds, not by lag)."""
+    """What the simulator's stamps said about a run: the asked and the achieved speed-up, whether
+    its clock was held for closed-loop hand-offs (then the achieved speed-up is lower by the
+    holds, not by lag), and whether it gated a paced run's arrivals (then each request arrived at
+    its modelled due time, however late it was sent, unless later than ``GATE_LIMIT_S``)."""
 
     speedup: float
     achieved: float
     held: bool = False
+    gated: bool = False
 
 
 def assess_modelled_client(
@@ -214,8 +219,11 @@ def assess_modelled_client(
         sim: The asked and achieved speed-ups.
     """
     scale = max(sim.achieved, 1e-9)
-    sched = _p99_ms(schedule_lags) * scale
     loop = _p99_ms(loop_lags) * scale
+    max_loop = max(loop_lags, default=0.0) * 1000.0 * scale
+    if sim.gated:
+        return _gated_check(cpu_share, _p99_ms(schedule_lags), loop, max_loop)
+    sched = _p99_ms(schedule_lags) * scale
     limit_ms = tolerance_s * 1000.0
     reasons: list[str] = []
     kind: LimitKind = ""
@@ -230,8 +238,19 @@ def assess_modelled_client(
         reasons.append(
             f"p99 send lag {sched:.1f} modelled ms behind the arrival schedule (tolerance {limit_ms:.0f} ms)"
         )
-    max_loop = max(loop_lags, default=0.0) * 1000.0 * scale
     return ClientCheck(cpu_share, sched, loop, max_loop, bool(reasons), "; ".join(reasons), kind, limit_ms)
+
+
+def _gated_check(cpu_share: float, sched_wall_ms: float, loop: float, max_loop: float) -> ClientCheck:
+    """A gated run's sends moved no arrival unless one was later than the simulator waits for."""
+    limit_ms = GATE_LIMIT_S * 1000.0
+    if sched_wall_ms <= limit_ms:
+        return ClientCheck(cpu_share, sched_wall_ms, loop, max_loop, False, "", "", limit_ms)
+    reason = (
+        f"p99 send lag {sched_wall_ms:.0f} wall ms behind the arrival schedule: past the {limit_ms:.0f} ms "
+        "the simulator waits for a due request, so arrivals left their modelled schedule"
+    )
+    return ClientCheck(cpu_share, sched_wall_ms, loop, max_loop, True, reason, "schedule_behind", limit_ms)
 
 
 class LoopLagProbe:

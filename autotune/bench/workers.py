@@ -89,14 +89,20 @@ def split_concurrency(total: int | None, workers: int) -> list[int | None]:
 
 
 def make_shards(
-    sessions: Sequence[Session], offsets: Sequence[float], workers: int, concurrency: int | None
+    sessions: Sequence[Session],
+    offsets: Sequence[float],
+    workers: int,
+    concurrency: int | None,
+    due: Sequence[tuple[float, float | None]] | None = None,
 ) -> list[Shard]:
-    """Deal sessions round-robin to ``workers`` shards, each with its share of the cap."""
+    """Deal sessions round-robin to ``workers`` shards, each with its share of the cap (and of
+    the modelled due times a simulator gates, ``Shard.due``)."""
     caps = split_concurrency(concurrency, workers)
     shards = []
     for w in range(workers):
         ids = list(range(w, len(sessions), workers))
-        shards.append(Shard([sessions[i] for i in ids], ids, [offsets[i] for i in ids], caps[w]))
+        mine = [due[i] for i in ids] if due is not None else None
+        shards.append(Shard([sessions[i] for i in ids], ids, [offsets[i] for i in ids], caps[w], mine))
     return shards
 
 

@@ -137,8 +137,7 @@ def disturbance(run: dict[str, Any]) -> str:
     if strangers := host.get("gpu_strangers"):
         where = "; ".join(f"GPU {i}: PID {', '.join(map(str, pids))}" for i, pids in sorted(strangers.items()))
         return (
-            f"processes this study did not start used the engine's GPUs during the run ({where}): "
-            "the host was measured"
+            f"processes this study did not start used the engine's GPUs during the run ({where}): the host was measured"
         )
     share = float(host.get("others_share") or 0.0)
     if share <= DISTURBED_SHARE:

@@ -24,7 +24,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import TextIO
 
-from autotune_sim.engine import Engine, EngineObserver, ModelClock
+from autotune_sim.clock import ModelClock
+from autotune_sim.engine import Engine, EngineObserver
 from autotune_sim.http import Handler, Request, Responder, serve
 from autotune_sim.kvcache import BlockPool
 from autotune_sim.memory import Footprint

@@ -36,3 +36,12 @@ def test_a_late_send_counts_times_the_speedup_and_a_late_wakeup_alone_does_not()
     # A closed-loop run's timestamps are the simulator's: a late loop moves none of them.
     woke_late = assess_modelled_client(0.1, [], [0.2] * 10, False, 0.05, SimTiming(20.0, 20.0, held=True))
     assert not woke_late.limited
+
+
+def test_a_gated_run_is_judged_only_by_a_send_later_than_the_simulator_waits() -> None:
+    # 40 ms late on the wall would be 800 modelled ms at 20x, but the gates admitted it on time.
+    gated = SimTiming(20.0, 12.0, gated=True)
+    on_time = assess_modelled_client(0.1, [0.04] * 10, [0.0], True, 0.05, gated)
+    assert not on_time.limited and on_time.p99_schedule_lag_ms == pytest.approx(40.0)
+    lost = assess_modelled_client(0.1, [0.04] * 9 + [2.5] * 2, [0.0], True, 0.05, gated)
+    assert lost.limited and lost.kind == "schedule_behind" and "the simulator waits" in lost.reason

@@ -33,7 +33,8 @@ from autotune.outcomes import Outcome
 from autotune.runtime.ports import free_port
 
 SIM_MAIN = Path(autotune_sim.__file__).parent / "__main__.py"
-pytestmark = [pytest.mark.sim,
+pytestmark = [
+    pytest.mark.sim,
     pytest.mark.slow,
     pytest.mark.skipif(not SIM_MAIN.exists(), reason="the simulator (autotune_sim/__main__.py) is not there yet"),
 ]

@@ -96,7 +96,6 @@ def test_client_problem_names_what_made_the_run_invalid(run: dict[str, Any], pro
     assert bool(client_problem(run)) == bool(problem)
 
 
-
 DISTURBED = "other processes took 35% of the engine's core(s) 0 during the run (more than 10%): the host was measured"
 
 

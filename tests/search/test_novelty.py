@@ -142,7 +142,7 @@ def test_of_two_workers_proposing_one_configuration_at_once_the_later_gives_way(
     ("state", "attrs", "counts"),
     [
         (TrialState.COMPLETE, {}, True),  # served, or failed for its flags
-            (TrialState.PRUNED, {}, False),  # cut early against an incumbent: not a measurement
+        (TrialState.PRUNED, {}, False),  # cut early against an incumbent: not a measurement
         (TrialState.RUNNING, {}, True),  # being measured
         (TrialState.FAIL, {"outcome": "crash"}, False),  # infrastructure: its retry measures it
         (TrialState.COMPLETE, {"workload_override": {"name": "peak"}}, False),  # a peak-shape probe

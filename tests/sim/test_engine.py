@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from autotune_sim.engine import Engine, Fatal, ModelClock
+from autotune_sim.clock import ModelClock
+from autotune_sim.engine import Engine, Fatal
 from autotune_sim.kvcache import BlockPool
 from autotune_sim.memory import GIB, footprint
 from autotune_sim.perf import PerfModel
