@@ -20,8 +20,9 @@ Engine time is modelled time, the simulator's own clock, per trial:
 * ``load``, ``compile``, ``capture``: the seconds the engine logged (``facts.startup``);
 * ``other start``: the simulator's import and engine-core start constants plus its profiling
   (engine init minus compile and capture);
-* ``benchmark``: the run's duration (first request sent to last answer) × the simulator's
-  speed-up — not the tuner's own work around it, which runs at wall speed on any engine;
+* ``benchmark``: the run's duration (first request sent to last answer) in modelled time, from
+  the simulator's stamps — not the tuner's own work around it, which runs at wall speed on any
+  engine;
 * ``teardown``: wall time × the speed-up;
 * the daemon's own start (its imports and one disk load) is charged once to the study that used it.
 
@@ -139,9 +140,11 @@ def study_cost(db: Path, speedup: float) -> StudyCost:
         other = IMPORT_S + CORE_START_S + max(init - logged["compile"] - logged["capture"], 0.0) if init else wall_start
         for phase, seconds in (*logged.items(), ("other start", other)):
             cost.seconds[phase] += seconds
-        # The run as the engine served it (dispatch to last answer), not the tuner's own work
-        # around it (prompt tokenisation, /metrics reads), which the speed-up does not compress.
-        cost.seconds["benchmark"] += r.metrics.get("duration", r.timings.get("bench_s", 0.0)) * speedup
+        # The run as the engine served it (dispatch to last answer, already in modelled time: the
+        # client reads the simulator's stamps), not the tuner's own work around it (prompt
+        # tokenisation, /metrics reads), which the speed-up does not compress.
+        served = r.metrics.get("duration")
+        cost.seconds["benchmark"] += served if served is not None else r.timings.get("bench_s", 0.0) * speedup
         cost.seconds["teardown"] += r.timings.get("teardown_s", 0.0) * speedup
         if str(split.get("weights_from", "")).startswith("daemon") and not daemon_charged:
             cost.seconds["load"] += IMPORT_S + _cold_load(study)  # the daemon read the weights once

@@ -63,17 +63,27 @@ def _tune_cmd(results: Path, vllm_python: str, tiny_model: str) -> list[str]:
     ]
 
 
-def _wait_for_engine_of_trial(storage: str, number: int, timeout_s: float) -> None:
+def _wait_for_engine_of_trial(
+    results: Path, number: int, timeout_s: float, tuner: subprocess.Popen[str], log: Path
+) -> None:
+    storage = f"sqlite:///{results / 'loop' / 'study.db'}"
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    trials: list[optuna.trial.FrozenTrial] = []
+    while time.monotonic() < deadline and tuner.poll() is None:
         time.sleep(1)
+        if not (results / "loop" / "manifest.json").exists():
+            continue  # the tuner writes it once the study exists: opening the database earlier races its creation
         try:
             trials = optuna.load_study(study_name="loop", storage=storage).trials
         except Exception:  # the study may not exist yet
             continue
         if len(trials) > number and "engine_pgid" in trials[number].user_attrs:
             return
-    pytest.fail(f"trial {number} never launched its engine")
+    seen = [(t.number, t.state.name, t.user_attrs.get("outcome"), t.user_attrs.get("reason")) for t in trials]
+    pytest.fail(
+        f"trial {number} never launched its engine (tuner exit {tuner.poll()}; trials {seen}):\n"
+        + log.read_text()[-3000:]
+    )
 
 
 def test_kill_resume_export(
@@ -84,9 +94,11 @@ def test_kill_resume_export(
     cmd = _tune_cmd(tmp_path, vllm_python, tiny_model)
     storage = f"sqlite:///{tmp_path / 'loop' / 'study.db'}"
 
-    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "first-tuner.log"
+    with log.open("w") as out:
+        first = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_engine_of_trial(storage, 1, timeout_s=420)
+        _wait_for_engine_of_trial(tmp_path, 1, timeout_s=420, tuner=first, log=log)
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         # The engine dies with the tuner (runtime/guard.py), without waiting for a resume.
