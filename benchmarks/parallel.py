@@ -1,6 +1,6 @@
 """Tuning with parallel trials, on the simulator: search quality per trial, and wall time.
 
-Run: ``python benchmarks/parallel.py`` (about 25 minutes on 2 cores; ``--quick`` for a smoke
+Run: ``python benchmarks/parallel.py`` (about 10 minutes on 2 cores; ``--quick`` for a smoke
 run; ``--grid grid.json`` reuses the grid an earlier run wrote to the current folder).
 
 1. **Trials to 97 %.** Every point of a 35-point grid (max_running × batched_tokens) is run once
@@ -9,8 +9,7 @@ run; ``--grid grid.json`` reuses the grid an earlier run wrote to the current fo
    modelled time (its numbers do not depend on the speed-up, so it runs at 20×). Then the
    tuner's own sampler (``TPESampler`` with constant liar, built as ``autotune tune`` builds it)
    searches the grid with N = 1, 2, 4 workers that finish trials asynchronously, each trial
-   taking the modelled engine time its grid point took (start-up and teardown: their wall time
-   × the speed-up; the benchmark: its modelled duration). Trials count in the order they
+   taking the modelled engine time its grid point took (``engine_time.py``). Trials count in the order they
    *finish*; reported is how many had finished when one reached 97 % of the grid's best
    feasible value, over many sampler seeds (a run that never does counts as beyond the budget).
 2. **Wall time at 8 pretend GPUs.** Full ``run_study`` searches (16 trials, no validation) on
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from engine_time import engine_seconds
 
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
 from autotune.engines import get_adapter
@@ -103,18 +103,10 @@ def evaluate_grid(folder: Path) -> dict[str, dict[str, Any]]:
             "outcome": str(result.outcome),
             "feasible": is_feasible(str(result.outcome), result.score.constraints),
             "retryable": result.outcome.retryable,
-            "engine_s": _engine_seconds(result.timings, result.metrics, GRID_SPEEDUP),
+            "engine_s": sum(engine_seconds(result.facts, result.timings, result.metrics, GRID_SPEEDUP).values()),
         }
         print(f"  grid {n + 1:2d}/35 {params} → {result.outcome} {result.score.value:,.0f}", file=sys.stderr)
     return table
-
-
-def _engine_seconds(timings: dict[str, float], metrics: dict[str, Any], speedup: float) -> float:
-    """A trial's modelled engine time: start-up and teardown (wall × speed-up) and the benchmark
-    (its duration, which the client already read in modelled time)."""
-    served = metrics.get("duration")
-    bench = served if served is not None else timings.get("bench_s", 0.0) * speedup
-    return (timings.get("startup_s", 0.0) + timings.get("teardown_s", 0.0)) * speedup + float(bench)
 
 
 def _key(params: dict[str, Any]) -> str:

@@ -15,16 +15,8 @@ The weights' read rate stands for the box's storage and decides most of what the
 2.5 GB/s is a page-cache read, 0.75 GB/s the SSD-bound four-rank read of a published SGLang
 start-up profile, lm-sys.github.io PR #385).
 
-Engine time is modelled time, the simulator's own clock, per trial:
-
-* ``load``, ``compile``, ``capture``: the seconds the engine logged (``facts.startup``);
-* ``other start``: the simulator's import and engine-core start constants plus its profiling
-  (engine init minus compile and capture);
-* ``benchmark``: the run's duration (first request sent to last answer) in modelled time, from
-  the simulator's stamps — not the tuner's own work around it, which runs at wall speed on any
-  engine;
-* ``teardown``: wall time × the speed-up;
-* the daemon's own start (its imports and one disk load) is charged once to the study that used it.
+Engine time is modelled time, the simulator's own clock, per trial and phase (``engine_time.py``);
+the daemon's own start (its imports and one disk load) is charged once to the study that used it.
 
 Printed per case and configuration: trials, engine hours, trials per engine-hour (and the ratio to
 ``off``), the split of engine time, and the winner with its validated median, so a reader sees
@@ -53,9 +45,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine_time import PHASES, engine_seconds  # noqa: E402
+
 from autotune.search.record import trial_record, validation  # noqa: E402
 from autotune.search.storage import best_trial, load_study  # noqa: E402
-from autotune_sim.dialects.vllm import CORE_START_S, IMPORT_S  # noqa: E402
+from autotune_sim.dialects.vllm import IMPORT_S  # noqa: E402
 
 CASES = {
     "70b-tp4": ("meta-llama/Llama-3.1-70B-Instruct", ["--fixed", "tensor_parallel=4"]),
@@ -68,7 +62,6 @@ CONFIGS: dict[str, tuple[list[str], dict[str, str]]] = {
     "early stop": (["--weight-cache", "off", "--early-stop"], {"VLLM_DISABLE_COMPILE_CACHE": "1"}),
     "all on": (["--weight-cache", "auto", "--early-stop"], {}),
 }
-PHASES = ("load", "compile", "capture", "other start", "benchmark", "teardown")
 
 
 @dataclass
@@ -133,19 +126,8 @@ def study_cost(db: Path, speedup: float) -> StudyCost:
             continue
         cost.trials += 1
         split = r.facts.get("startup") or {}
-        wall_start = r.timings.get("startup_s", 0.0) * speedup
-        logged = {"load": split.get("weights_s", 0.0), "compile": split.get("compile_s", 0.0)}
-        logged["capture"] = split.get("capture_s", 0.0)
-        init = split.get("init_s")
-        other = IMPORT_S + CORE_START_S + max(init - logged["compile"] - logged["capture"], 0.0) if init else wall_start
-        for phase, seconds in (*logged.items(), ("other start", other)):
+        for phase, seconds in engine_seconds(r.facts, r.timings, r.metrics, speedup).items():
             cost.seconds[phase] += seconds
-        # The run as the engine served it (dispatch to last answer, already in modelled time: the
-        # client reads the simulator's stamps), not the tuner's own work around it (prompt
-        # tokenisation, /metrics reads), which the speed-up does not compress.
-        served = r.metrics.get("duration")
-        cost.seconds["benchmark"] += served if served is not None else r.timings.get("bench_s", 0.0) * speedup
-        cost.seconds["teardown"] += r.timings.get("teardown_s", 0.0) * speedup
         if str(split.get("weights_from", "")).startswith("daemon") and not daemon_charged:
             cost.seconds["load"] += IMPORT_S + _cold_load(study)  # the daemon read the weights once
             daemon_charged = True
