@@ -115,6 +115,7 @@ class EventKind(StrEnum):
     # loaded from the compile cache) or not (compiled)
     STARTUP_PHASE = "startup_phase"
     COMPILE_CACHE = "compile_cache"  # data: path — where the engine keeps its compiled artifacts
+    GRAPH_DISPATCH = "graph_dispatch"  # data: tokens, mode ("NONE": no graph), count — steps of one shape
 
 
 # Events that end the wait for readiness at once: the engine will not become ready.
@@ -466,6 +467,11 @@ class EngineAdapter(ABC):
     def measurement_env(self) -> dict[str, str]:
         """Environment the tuner adds to its own trials because it changes nothing measured but
         keeps the measurement sound (recorded with each trial, left out of exports)."""
+        return {}
+
+    def measurement_flags(self) -> dict[str, Any]:
+        """Flags the tuner adds to its own trials to observe the engine (changing nothing it
+        measures): recorded with each trial, left out of exports; the trial's own flags win."""
         return {}
 
     # ------------------------------------------------------------------------- launch command

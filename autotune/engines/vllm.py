@@ -52,6 +52,7 @@ LAUNCH_ENV: Mapping[str, str] = MappingProxyType(
     {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
 )
 
+GRAPH_METRICS_FLAG = "--cudagraph-metrics"
 MEASUREMENT_KEEP_ALIVE_S = 60  # seconds; see VllmAdapter.measurement_env
 
 # What a weight-cache daemon's weights are valid for (vLLM 0.34's WeightCacheKey: checkpoint,
@@ -143,6 +144,10 @@ _STATS = re.compile(
     r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
     r"Running: (\d+) reqs, Waiting: (\d+) reqs, \w+ KV cache usage: ([\d.]+)%"
 )
+# --cudagraph-metrics (vLLM 0.32+): a table of the interval's steps, one row per shape and mode,
+# "| unpadded | padded | paddings | NONE/PIECEWISE/FULL | count |", each line under the log prefix.
+_GRAPH_DISPATCH = re.compile(r"\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(NONE|PIECEWISE|FULL)\s*\|\s*(\d+)\s*\|")
+_CAPTURE_SIZES = re.compile(r"- Capture sizes: \[([\d, ]*)\]")
 _SEQ_LEN = re.compile(r"model's max seq len \((\d+)\)")
 _MAX_LEN_ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
 _KV_INSUFFICIENT = re.compile(
@@ -227,6 +232,15 @@ def _graph_event(line: str) -> LogEvent | None:
     if not m:
         return None
     return LogEvent(EventKind.GRAPH_CAPTURE, line, {"seconds": float(m.group(1)), "gib": float(m.group(2))})
+
+
+def _graph_dispatch_event(line: str) -> LogEvent | None:
+    """A row of the ``--cudagraph-metrics`` table, or its header's captured sizes."""
+    if m := _GRAPH_DISPATCH.search(line):
+        return LogEvent(EventKind.GRAPH_DISPATCH, line, {"tokens": int(m[1]), "mode": m[4], "count": int(m[5])})
+    if m := _CAPTURE_SIZES.search(line):
+        return LogEvent(EventKind.GRAPH_DISPATCH, line, {"capture_sizes": [int(x) for x in re.findall(r"\d+", m[1])]})
+    return None
 
 
 def _profile_event(line: str) -> LogEvent | None:
@@ -351,6 +365,7 @@ _PARSERS: tuple[Callable[[str], LogEvent | None], ...] = (
     _memory_event,
     _failure_event,
     _stats_event,
+    _graph_dispatch_event,
     _kv_event,
     _profile_event,
     _graph_event,
@@ -409,6 +424,7 @@ def _event_facts(events: list[LogEvent]) -> dict[str, Any]:
     """Facts from the log; for repeated lines the last one wins."""
     facts: dict[str, Any] = {}
     stats: list[dict[str, Any]] = []
+    dispatched: list[dict[str, Any]] = []
     for event in events:
         if event.kind == EventKind.KV_CAPACITY:
             facts.update({k: v for k, v in event.data.items() if k in _KV_FACT_KEYS | _MEMORY_FACT_KEYS})
@@ -426,11 +442,33 @@ def _event_facts(events: list[LogEvent]) -> dict[str, Any]:
             facts["graph_gib"] = event.data["gib"]
         elif event.kind == EventKind.DECODE_BATCH:
             stats.append(event.data)
+        elif event.kind == EventKind.GRAPH_DISPATCH and "capture_sizes" in event.data:
+            facts["cuda_graph_max_bs"] = max(event.data["capture_sizes"], default=0)
+        elif event.kind == EventKind.GRAPH_DISPATCH:
+            dispatched.append(event.data)
+    facts.update(_dispatch_facts(dispatched))
     if stats:
         # Peaks come only from the log: gauges read after a run show the drained engine.
         facts["token_usage_peak"] = max(s["token_usage"] for s in stats)
         facts["queue_peak"] = max(s["queue"] for s in stats)
         facts["running_peak"] = max(s["running"] for s in stats)
+    return facts
+
+
+def _dispatch_facts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The graph stage's evidence from the ``--cudagraph-metrics`` tables: how many steps were
+    counted, the share that ran without a graph, and the fewest tokens such a step had (a larger
+    captured size can only cover eager steps of at most that size)."""
+    steps = sum(r["count"] for r in rows)
+    if not steps:
+        return {}
+    eager = [r for r in rows if r["mode"] == "NONE"]
+    facts: dict[str, Any] = {
+        "graph_steps": steps,
+        "cuda_graph_false_share": round(sum(r["count"] for r in eager) / steps, 4),
+    }
+    if eager:
+        facts["eager_min_tokens"] = min(r["tokens"] for r in eager)
     return facts
 
 
@@ -530,6 +568,13 @@ class VllmAdapter(EngineAdapter):
         if "VLLM_HTTP_TIMEOUT_KEEP_ALIVE" in {**os.environ, **self.settings.env}:
             return {}
         return {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(MEASUREMENT_KEEP_ALIVE_S)}
+
+    def measurement_flags(self) -> dict[str, Any]:
+        """``--cudagraph-metrics`` where the engine has it (0.32+) and captures graphs: its
+        per-interval step tables tell the graph stage which steps ran without a graph."""
+        if self.runs_on_cpu() or GRAPH_METRICS_FLAG not in self.discover_flags():
+            return {}
+        return {GRAPH_METRICS_FLAG: True}
 
     def weight_cache_unsupported(self, version: str | None) -> str | None:
         """``vllm preload`` and ``--load-format ipc_cache`` arrived in 0.34; the CPU build maps no
@@ -649,7 +694,9 @@ class VllmAdapter(EngineAdapter):
 
         From the log: ``kv_tokens``, ``kv_gib``, ``max_concurrency``, ``context_len``,
         ``engine_version``, ``non_default_args``, ``graph_capture_s``, ``graph_gib``,
-        ``token_usage_peak``, ``queue_peak``, ``running_peak``; the start-up memory profile
+        ``token_usage_peak``, ``queue_peak``, ``running_peak``; with ``--cudagraph-metrics``
+        ``cuda_graph_max_bs``, ``graph_steps``, ``cuda_graph_false_share``, ``eager_min_tokens``
+        (see ``_dispatch_facts``); the start-up memory profile
         (``memory_budget``, ``mem_free_gib``, ``mem_total_gib``, ``weights_gib``,
         ``activation_peak_gib``) and ``resolved_knobs``
         (``batched_tokens``: the chunk vLLM chose). From ``/metrics`` deltas:

@@ -30,6 +30,7 @@ from autotune.runtime.hostmem import GIB, NodeMemory, node_memory
 from autotune.search.record import StageState, TrialRecord, set_memory_edge, trial_record, trial_records
 from autotune.search.runner import STAGE_BASELINE, StudyRun
 from autotune.search.storage import primary_value
+from autotune.search.trial import graph_facts
 
 __all__ = [
     "MemoryProbe",
@@ -385,10 +386,10 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float, move: Mapping
         run.progress.message(f"cuda graph max bs {size}{_captured_text(graphs)}: {verdict}")
         if keep:
             best, best_value = choice, value
-        if value > -math.inf and _covers_every_decode_step(graphs) and size != sizes[-1]:
+        evidence = _full_coverage(graphs, sizes[-1]) if value > -math.inf and size != sizes[-1] else None
+        if evidence:
             run.progress.message(
-                f"cuda graph max bs {size} ran every decode step in a graph (the engine's pass counter): "
-                "larger sizes cannot add coverage, only memory; stopping here"
+                f"cuda graph max bs {size}: {evidence}: larger sizes cannot add coverage, only memory; stopping here"
             )
             break
     decision = {k: v for k, v in (best or {}).items() if k in (GRAPH, MEMORY)}
@@ -396,10 +397,28 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float, move: Mapping
     return decision
 
 
-def _covers_every_decode_step(graphs: Mapping[str, Any]) -> bool:
-    """True when the engine counted every decode pass of the run (not sampled log lines) and
-    none ran without a graph."""
-    return bool(graphs.get("decode_passes")) and graphs.get("cuda_graph_false_share") == 0
+def _full_coverage(graphs: Mapping[str, Any], largest: int) -> str | None:
+    """Why no larger captured size can put another step in a graph, from the engine's own step
+    counts (never from sampled gauges), or None when the run does not show it.
+
+    SGLang counts its decode passes with and without a graph. vLLM's ``--cudagraph-metrics``
+    tables count every step by its token count and runtime mode; a step runs without a graph when
+    its tokens exceed the captured max, so a step of more tokens than the largest size the space
+    allows stays eager whatever size is captured."""
+    if graphs.get("decode_passes") and graphs.get("cuda_graph_false_share") == 0:
+        return f"every one of {graphs['decode_passes']:,} decode passes ran in a graph (the engine's pass counter)"
+    steps = graphs.get("graph_steps")
+    if not steps:
+        return None
+    if graphs.get("cuda_graph_false_share") == 0:
+        return f"every one of {steps:,} steps ran in a graph (vLLM's --cudagraph-metrics table)"
+    smallest = graphs.get("eager_min_tokens")
+    if smallest is not None and smallest > largest:
+        return (
+            f"the steps without a graph all had {smallest:,} tokens or more, above the largest size tried "
+            f"({largest}) (vLLM's --cudagraph-metrics table, {steps:,} steps)"
+        )
+    return None
 
 
 def _captured_text(graphs: Mapping[str, Any]) -> str:
@@ -432,7 +451,8 @@ def _existing(run: StudyRun, stage: str, params: Mapping[str, Any]) -> dict[str,
     for t in run.finished(stage):
         r = trial_record(t)
         if r.params == dict(params):
-            return {"value": primary_value(t), "outcome": r.outcome}
+            # The graph facts too: a resumed graph stage reads its coverage evidence from them.
+            return {"value": primary_value(t), "outcome": r.outcome, "graphs": graph_facts(r.facts)}
     return None
 
 

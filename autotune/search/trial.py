@@ -61,10 +61,20 @@ from autotune.search.diagnosis import WHERE, client_problem, failed_at, in_fligh
 from autotune.search.objective import Score, score
 from autotune.search.progress import NullProgress, Progress
 
-__all__ = ["NEVER_STOPPED", "TrialResult", "TrialSpec", "early_stop_policy", "run_trial"]
+__all__ = ["GRAPH_FACTS", "NEVER_STOPPED", "TrialResult", "TrialSpec", "early_stop_policy", "graph_facts", "run_trial"]
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
+
+
+#: What an engine tells of its CUDA graphs: the captured max, and how many steps ran without one
+#: (SGLang's decode-pass counter; vLLM's ``--cudagraph-metrics`` table): the graph stage's evidence.
+GRAPH_FACTS = ("cuda_graph_max_bs", "cuda_graph_false_share", "decode_passes", "graph_steps", "eager_min_tokens")
+
+
+def graph_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The graph facts of a trial, from its facts (a live result's or a stored record's)."""
+    return {k: facts[k] for k in GRAPH_FACTS if k in facts}
 
 
 @dataclass(frozen=True)
@@ -137,11 +147,7 @@ class TrialResult:
             "metrics": self.metrics,
             "timings": self.timings,
             "pool": {k: self.facts[k] for k in ("kv_tokens", "preemptions") if k in self.facts},
-            "graphs": {
-                k: self.facts[k]
-                for k in ("cuda_graph_max_bs", "cuda_graph_false_share", "decode_passes")
-                if k in self.facts
-            },
+            "graphs": graph_facts(self.facts),
         }
 
 
@@ -230,7 +236,7 @@ class _Trial:
         self.log_path = spec.trial_dir / "engine.log"
 
     def launch_spec(self) -> LaunchSpec:
-        flags = {**self.spec.flags, **self.spec.launch_flags}
+        flags = {**self.adapter.measurement_flags(), **self.spec.flags, **self.spec.launch_flags}
         spec = self.adapter.build_launch(flags, free_port(self.adapter.settings.host))
         if self.spec.launch_env:
             spec = replace(spec, env={**spec.env, **self.spec.launch_env})
@@ -249,7 +255,7 @@ class _Trial:
         the environment it adds. Recorded with the trial, never exported."""
         cpus = self.spec.cpus
         env = {**self.adapter.measurement_env(), **(cpus.engine_env(self.adapter.settings.env) if cpus else {})}
-        return {**(cpus.to_json() if cpus else {}), "env": env}
+        return {**(cpus.to_json() if cpus else {}), "env": env, "flags": self.adapter.measurement_flags()}
 
     def engine_command(self, launch: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         """The argv and environment actually started: the trial's, on the engine's cores."""
@@ -562,8 +568,11 @@ def run_trial(
     try:
         launch = t.launch_spec()
         # What is recorded for exports is the trial's own launch: the weight-cache flags point
-        # at this study's daemon, which a deployment does not have (argv.json keeps both).
-        plain = adapter.build_launch(spec.flags, launch.port) if spec.launch_flags or spec.launch_env else launch
+        # at this study's daemon, which a deployment does not have, and the measurement flags
+        # only observe (argv.json keeps both).
+        plain = launch
+        if spec.launch_flags or spec.launch_env or adapter.measurement_flags():
+            plain = adapter.build_launch(spec.flags, launch.port)
         result.argv, result.env = plain.argv, plain.env
         result.engine_args = plain.argv[len(adapter.launch_prefix()) :]
         t.progress.phase("launching")

@@ -57,7 +57,7 @@ from autotune_sim.memory import (
 )
 from autotune_sim.metrics import CONTENT_TYPE, Exposition
 from autotune_sim.openai import EngineGroup, OpenAIServer, ServingConfig
-from autotune_sim.perf import PerfModel
+from autotune_sim.perf import GraphMode, PerfModel
 from autotune_sim.scheduler import Batch, VllmScheduler
 from autotune_sim.settings import this_host_gib
 from autotune_sim.stats import EngineStats
@@ -684,6 +684,7 @@ class VllmDialect(Dialect):
         self._tasks = [asyncio.create_task(engine.run()) for engine in group.engines]
         self._next_log = 0.0
         self._log_base = (0, 0, 0, 0)
+        self._graph_stats: dict[tuple[int, int, int, str], int] = {}
         if s.faults.crash_after_s is not None:
             self.rt.later(s.faults.crash_after_s, lambda: group.engines[0].die(Fatal("crash")))
 
@@ -831,7 +832,11 @@ class VllmDialect(Dialect):
 
     # ------------------------------------------------------------------------- observer
     def on_step(self, batch: Batch, now: float) -> None:
-        """The periodic ``Engine 000:`` line (never a preemption line: vLLM logs none)."""
+        """The periodic ``Engine 000:`` line (never a preemption line: vLLM logs none), and with
+        ``--cudagraph-metrics`` the table of the interval's steps by token count and graph mode."""
+        if self.cfg.cudagraph_metrics and self.cfg.log_stats:
+            stat = graph_stat(batch.shape.tokens, batch.shape.graph, self.cfg.capture_sizes)
+            self._graph_stats[stat] = self._graph_stats.get(stat, 0) + 1
         if not self.cfg.log_stats or now < self._next_log:
             return
         interval = float(self.settings.engine_env.get("VLLM_LOG_STATS_INTERVAL", "10") or 10)
@@ -860,6 +865,9 @@ class VllmDialect(Dialect):
             "loggers.py:236",
             flush=False,
         )
+        if self._graph_stats:
+            self.api(graph_table(self.cfg.cudagraph_mode, self.cfg.capture_sizes, self._graph_stats), "loggers.py:344")
+            self._graph_stats = {}
 
     def on_lag(self, lag_s: float) -> None:
         self.api(
@@ -969,4 +977,35 @@ def _extensible(plan: VllmMemoryPlan, m: VllmMemory) -> VllmMemoryPlan:
         headroom=headroom,
         runtime_free=headroom - reserve,
         failure=None if blocks > 1 else "no_kv",
+    )
+
+
+# ------------------------------------------------------------------------------ --cudagraph-metrics
+def graph_stat(tokens: int, graph: GraphMode, sizes: list[int]) -> tuple[int, int, int, str]:
+    """One step as vLLM's ``CUDAGraphStat``: unpadded and padded tokens, paddings, runtime mode.
+    A graphed step is padded up to the smallest captured size that holds it."""
+    if graph is GraphMode.EAGER:
+        return tokens, tokens, 0, "NONE"
+    padded = min((size for size in sizes if size >= tokens), default=tokens)
+    return tokens, padded, padded - tokens, graph.name
+
+
+def graph_table(mode: str, sizes: list[int], stats: dict[tuple[int, int, int, str], int]) -> str:
+    """``CUDAGraphLogging.generate_metric_table`` (vLLM 0.32–0.34): rows by descending count."""
+    headers = ["Unpadded Tokens", "Padded Tokens", "Num Paddings", "Runtime Mode", "Count"]
+    rows = [[*map(str, stat), str(count)] for stat, count in sorted(stats.items(), key=lambda kv: kv[1], reverse=True)]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return (
+        f"**CUDAGraph Config Settings:**\n\n- Mode: {mode}\n- Capture sizes: {sorted(sizes)}\n\n"
+        + "**CUDAGraph Stats:**\n\n"
+        + line(headers)
+        + "\n|"
+        + "|".join("-" * (w + 2) for w in widths)
+        + "|\n"
+        + "\n".join(line(row) for row in rows)
+        + "\n"
     )

@@ -383,6 +383,13 @@ def _specs(version: str) -> list[Spec]:
         ("ObservabilityConfig", ("--enable-log-requests",), (BOOL, False), "Enable logging requests."),
         (
             "ObservabilityConfig",
+            ("--cudagraph-metrics",),
+            (BOOL, False),
+            "Enable CUDA graph metrics (number of padded/unpadded tokens, runtime cudagraph dispatch modes, "
+            "and their observed frequencies at every logging interval).",
+        ),
+        (
+            "ObservabilityConfig",
             ("--shutdown-timeout",),
             {"type": int, "default": 0},
             "Seconds to drain in-flight requests on shutdown (0 aborts them).",
@@ -566,6 +573,7 @@ class VllmConfig:
     compile: bool
     extensible_kv: bool
     log_stats: bool
+    cudagraph_metrics: bool
     stream_interval: int
     force_include_usage: bool
     seed: int
@@ -663,6 +671,7 @@ def resolve(ns: argparse.Namespace, settings: SimSettings, env: dict[str, str]) 
         compile=not ns.enforce_eager and ns.optimization_level > 0,
         extensible_kv=extensible,
         log_stats=not ns.disable_log_stats,
+        cudagraph_metrics=bool(ns.cudagraph_metrics),
         stream_interval=ns.stream_interval,
         force_include_usage=bool(ns.enable_force_include_usage),
         seed=ns.seed,

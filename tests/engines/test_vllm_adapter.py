@@ -532,3 +532,51 @@ def test_the_profile_predicts_an_edge_on_the_grid() -> None:
     # (free − 5 % of the card − half the activation peak) ÷ total = (78.84 − 3.96 − 0.72) ÷ 79.25 → 0.92.
     facts = make_adapter().engine_facts(parse_all([PROFILE_0_3X]), {}, {})
     assert predict_memory_edge(facts, 0.80, 0.98) == 0.92
+
+
+# ------------------------------------------------------------------------- --cudagraph-metrics
+# Two intervals of vLLM 0.32's CUDAGraphLogging table, each line under the API server's prefix as
+# vLLM's NewLineFormatter writes a multi-line message (rows by descending count).
+GRAPH_PREFIX = "(APIServer pid=7) INFO 12-07 01:13:34 [loggers.py:344] "
+LATER_PREFIX = "(APIServer pid=7) INFO 12-07 01:13:44 [loggers.py:344] "
+GRAPH_TABLES = [
+    GRAPH_PREFIX + "**CUDAGraph Config Settings:**",
+    GRAPH_PREFIX.rstrip(),
+    GRAPH_PREFIX + "- Mode: FULL_AND_PIECEWISE",
+    GRAPH_PREFIX + "- Capture sizes: [1, 2, 4, 8, 16, 24, 32]",
+    GRAPH_PREFIX.rstrip(),
+    GRAPH_PREFIX + "**CUDAGraph Stats:**",
+    GRAPH_PREFIX.rstrip(),
+    GRAPH_PREFIX + "| Unpadded Tokens | Padded Tokens | Num Paddings | Runtime Mode | Count |",
+    GRAPH_PREFIX + "|-----------------|---------------|--------------|--------------|-------|",
+    GRAPH_PREFIX + "| 30              | 32            | 2            | FULL         | 870   |",
+    GRAPH_PREFIX + "| 40              | 40            | 0            | NONE         | 20    |",
+    GRAPH_PREFIX + "| 2078            | 2078          | 0            | NONE         | 10    |",
+    # the next interval's table, one row shown
+    LATER_PREFIX + "| 32              | 32            | 0            | PIECEWISE    | 100   |",
+]
+
+
+def test_graph_metrics_tables_become_step_counts_and_the_smallest_eager_step() -> None:
+    events = parse_all(GRAPH_TABLES)
+    assert [e.data.get("count") for e in events if e.kind == EventKind.GRAPH_DISPATCH] == [None, 870, 20, 10, 100]
+    facts = make_adapter().engine_facts(events, {}, {})
+    assert facts["cuda_graph_max_bs"] == 32
+    assert facts["graph_steps"] == 1000
+    assert facts["cuda_graph_false_share"] == 0.03
+    assert facts["eager_min_tokens"] == 40
+
+
+def test_no_table_no_graph_facts() -> None:
+    facts = make_adapter().engine_facts(parse_all(GRAPH_TABLES[:9]), {}, {})
+    assert facts["cuda_graph_max_bs"] == 32
+    assert not {"graph_steps", "cuda_graph_false_share", "eager_min_tokens"} & set(facts)
+
+
+@pytest.mark.sim
+def test_graph_metrics_are_a_measurement_flag_on_a_gpu_build_only() -> None:
+    assert make_adapter().measurement_flags() == {"--cudagraph-metrics": True}
+    assert make_adapter(env={"VLLM_CPU_KVCACHE_SPACE": "1"}).measurement_flags() == {}
+    older = make_adapter()
+    older._flagset = FlagSet(frozenset({"--gpu-memory-utilization", "--max-num-seqs"}))
+    assert older.measurement_flags() == {}

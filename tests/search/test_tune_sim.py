@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -20,6 +21,7 @@ from autotune.errors import ConfigError
 from autotune.report.status import stopped_line
 from autotune.search import trial as trial_module
 from autotune.search.record import WITHDRAWN, validation
+from autotune.search.runner import StudyRun
 from autotune.search.storage import best_trial, load_study, superseded
 from autotune.search.tune import run_study
 
@@ -371,3 +373,61 @@ def test_memory_edge_skips_where_vllm_cpu_kvcache_space_sets_the_pool(tmp_path: 
     assert study.user_attrs["stage.memory_edge"]["skipped"].startswith("VLLM_CPU_KVCACHE_SPACE=2 GiB fixes")
     assert [t.user_attrs["stage"] for t in study.trials] == ["baseline"]  # no probe launched
     assert study.trials[0].user_attrs["facts"]["kv_gib"] == 2.0  # "Explicitly set (2.00/16.00) GiB for KV cache"
+
+
+def test_vllm_graph_stage_stops_when_every_eager_step_is_above_the_largest_size(tmp_path: Path) -> None:
+    # At concurrency 4 every decode step fits a graph of 8; the steps that run without one carry a
+    # 2,048-token prompt, more than the largest size (32) could ever capture: vLLM's
+    # --cudagraph-metrics tables say so, and the stage stops after its first size.
+    space = {"params": {"cuda_graph_max_bs": {"type": "categorical", "choices": [8, 16, 32]}}}
+    workload = {**WORKLOAD, "dataset": {"input_len": 2048, "output_len": 512}, "arrival": {"concurrency": 4}}
+    job = _job(tmp_path, space, workload={**workload, "num_prompts": 32}, method="staged", trials=2, finalists=1,
+               validation_runs=1)  # fmt: skip
+    run_study(job)
+    study = load_study("t", job.storage_url)
+    graph_trials = [t for t in study.trials if t.user_attrs["stage"] == "cuda_graph"]
+    assert [t.user_attrs["params"]["cuda_graph_max_bs"] for t in graph_trials] == [8]
+    facts = graph_trials[0].user_attrs["facts"]
+    assert facts["cuda_graph_max_bs"] == 8 and facts["eager_min_tokens"] >= 2048 and facts["graph_steps"] > 0
+    assert 0 < facts["cuda_graph_false_share"] < 1
+    # The flag observed the runs; the launch a user exports does not carry it.
+    launched = json.loads((tmp_path / "t" / "trials" / str(graph_trials[0].number) / "argv.json").read_text())
+    assert "--cudagraph-metrics" in launched["argv"] and launched["measurement"]["flags"] == {
+        "--cudagraph-metrics": True
+    }
+    assert "--cudagraph-metrics" not in graph_trials[0].user_attrs["argv"]
+
+
+class _Stopped(Exception):
+    """The tuner stopped between two trials."""
+
+
+def test_a_study_resumed_mid_graph_stage_runs_the_sizes_an_uninterrupted_one_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The uninterrupted study runs only size 8 (test above: its pass counter shows full coverage).
+    # Stopped right after that run and resumed, the study must read the same evidence from the
+    # stored trial, not run 16 and 32.
+    space = {"params": {"cuda_graph_max_bs": {"type": "categorical", "choices": [8, 16, 32]}}}
+    workload = {**WORKLOAD, "arrival": {"concurrency": 4}, "num_prompts": 16}
+    job = _job(
+        tmp_path, space, engine=sim_engine("sglang"), workload=workload, method="staged", trials=2, finalists=1,
+        validation_runs=1,
+    )  # fmt: skip
+    run = StudyRun.run
+
+    def stop_after_a_graph_size(self: StudyRun, stage: str, **kw: Any) -> Any:
+        result = run(self, stage, **kw)
+        if stage == "cuda_graph":
+            raise _Stopped
+        return result
+
+    monkeypatch.setattr(StudyRun, "run", stop_after_a_graph_size)
+    with pytest.raises(_Stopped):
+        run_study(job)
+    monkeypatch.setattr(StudyRun, "run", run)
+    run_study(job)
+    study = load_study("t", job.storage_url)
+    graph_trials = [t for t in study.trials if t.user_attrs["stage"] == "cuda_graph"]
+    assert [t.user_attrs["params"]["cuda_graph_max_bs"] for t in graph_trials] == [8]
+    assert study.user_attrs["stage.cuda_graph"]["fixed"] == {"cuda_graph_max_bs": 8}
