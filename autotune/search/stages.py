@@ -428,7 +428,9 @@ def _captured_text(graphs: Mapping[str, Any]) -> str:
     if "cuda_graph_max_bs" in graphs:
         parts.append(f"captured up to {graphs['cuda_graph_max_bs']}")
     if "cuda_graph_false_share" in graphs:
-        parts.append(f"{graphs['cuda_graph_false_share']:.0%} of decode steps without a graph")
+        # SGLang counts decode passes; vLLM's table counts every step, prefill chunks too.
+        steps = "steps" if "graph_steps" in graphs else "decode steps"
+        parts.append(f"{graphs['cuda_graph_false_share']:.0%} of {steps} without a graph")
     return f" ({', '.join(parts)})" if parts else ""
 
 
