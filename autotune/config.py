@@ -8,12 +8,13 @@ from the rest of autotune except the error tree.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import (
@@ -682,14 +683,51 @@ M = TypeVar("M", bound=BaseModel)
 _PARAM_TAGS = {"float", "int", "categorical", "bool"}
 
 
-def _format_validation(source: str, err: ValidationError) -> str:
-    first = err.errors()[0]
+def _format_validation(model: type[BaseModel], source: str, err: ValidationError) -> str:
+    errors = err.errors()
+    # A misspelt field also leaves the field it meant "required": name the misspelling.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     where = ".".join(str(p) for p in _without_tags(first["loc"])) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown field; remove it or check its spelling"
-    extra = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+        close = _closest(str(first["loc"][-1]), _fields_at(model, _without_tags(first["loc"])[:-1]))
+        if close:
+            msg = f"unknown field; did you mean {close}?"
+    extra = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{source}: {where}: {msg}{extra}"
+
+
+def _closest(word: str, known: set[str]) -> str | None:
+    """The known name a misspelling most likely meant: the same letters swapped (``stpe`` →
+    ``step``) first, else the closest by difflib."""
+    swapped = [k for k in sorted(known) if sorted(k) == sorted(word)]
+    close = swapped or difflib.get_close_matches(word, sorted(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _fields_at(model: type[BaseModel], path: list[int | str]) -> set[str]:
+    """The field names a mapping at ``path`` inside ``model`` may hold (every variant's, where the
+    path runs through a union), for a "did you mean" on an unknown one."""
+    models: list[type[BaseModel]] = [model]
+    for part in path:
+        if isinstance(part, int):
+            continue  # a list index: the same models
+        found: list[type[BaseModel]] = []
+        for m in models:
+            field = m.model_fields.get(str(part)) or next((f for f in m.model_fields.values() if f.alias == part), None)
+            if field is not None:
+                found.extend(_models_in(field.annotation))
+        models = found or models  # not a field: a mapping's key (params.<name>), same models
+    return {f.alias or name for m in models for name, f in m.model_fields.items()}
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold: itself, or inside an Optional, a union, a list
+    or a mapping's values."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
 
 
 def _without_tags(loc: tuple[int | str, ...]) -> list[int | str]:
@@ -715,7 +753,7 @@ def parse_model(model: type[M], data: Any, source: str, base_dir: Path | None = 
     try:
         return model.model_validate(data, context={"base_dir": base_dir} if base_dir is not None else None)
     except ValidationError as err:
-        raise ConfigError(_format_validation(source, err)) from None
+        raise ConfigError(_format_validation(model, source, err)) from None
 
 
 def as_given(model: type[BaseModel], data: Mapping[str, Any]) -> dict[str, Any]:

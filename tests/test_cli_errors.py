@@ -69,7 +69,7 @@ CASES = {
     "malformed-yaml": (["--workload", "@wl", "params:\n  a: b: c\n"], ["wl.yaml", "line"]),
     "unknown-field": (
         ["--space", "@space", "params:\n  max_running: {type: int, low: 1, high: 9, stpe: 2}\n"],
-        ["params.max_running.stpe", "unknown field"],
+        ["params.max_running.stpe", "unknown field; did you mean step?"],
     ),
     "low-above-high": (
         ["--space", "@space", "params:\n  max_running: {type: int, low: 90, high: 9}\n"],

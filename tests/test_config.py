@@ -41,6 +41,23 @@ def test_unknown_field_is_named(tmp_path: Path) -> None:
     assert "params.a.hihg" in msg and "unknown field" in msg
 
 
+def test_a_misspelt_field_gets_the_closest_name_at_its_place(tmp_path: Path) -> None:
+    msg = _error(tmp_path, "params:\n  a: {type: int, low: 1, hihg: 3}\n")
+    assert msg.endswith("params.a.hihg: unknown field; did you mean high? (+1 more)")
+    wl = "name: w\ndataset: {input_len: 8, output_len: 8}\nnum_prompts: 2\n"
+    assert _error(tmp_path, wl + "slo: {p95_ttft_ms: 9}\n", Workload).endswith("slo: unknown field; did you mean slos?")
+    msg = _error(tmp_path, wl + "arrival: {concurency: 4}\n", Workload)
+    assert msg.endswith("arrival.concurency: unknown field; did you mean concurrency?")
+    # Through a discriminated length distribution: the misspelling is named, not "sigma: required".
+    lognormal = "input: {dist: lognormal, median: 600, sigm: 0.8}"
+    msg = _error(tmp_path, wl.replace("input_len: 8", lognormal), Workload)
+    assert "dataset.input.sigm: unknown field; did you mean sigma?" in msg
+    # Nothing close: no guess.
+    assert _error(tmp_path, wl + "zzzzzz: 1\n", Workload).endswith(
+        "zzzzzz: unknown field; remove it or check its spelling"
+    )
+
+
 def test_low_above_high_says_swap(tmp_path: Path) -> None:
     msg = _error(tmp_path, "params:\n  a: {type: float, low: 0.9, high: 0.8}\n")
     assert "params.a" in msg and "swap" in msg

@@ -490,8 +490,13 @@ class EngineAdapter(ABC):
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
             except FileNotFoundError:
+                given = (
+                    "--command (engine.command in a config file)"
+                    if self.settings.command
+                    else ("--python (engine.python in a config file)")
+                )
                 raise InvalidFlags(
-                    f"engine command not found: {argv[0]!r}; set engine.python or engine.command"
+                    f"engine command not found: {argv[0]!r}; point {given} at the engine's installed Python or launcher"
                 ) from None
             except subprocess.TimeoutExpired:
                 raise InvalidFlags(f"`{' '.join(argv)}` did not answer within {timeout_s:.0f}s") from None

@@ -246,7 +246,9 @@ def test_help_is_run_once_per_adapter(tmp_path: Path) -> None:
 @pytest.mark.sim
 def test_missing_engine_command_is_one_actionable_line() -> None:
     settings = EngineSettings(kind="sglang", model="m", command=["/nonexistent/python3"])
-    with pytest.raises(InvalidFlags, match=r"engine command not found.*engine\.python or engine\.command"):
+    with pytest.raises(
+        InvalidFlags, match=r"engine command not found.*point --command \(engine\.command in a config file\)"
+    ):
         SglangAdapter(settings).to_flags({"memory_fraction": 0.9})
 
 
