@@ -46,6 +46,7 @@ from autotune.search.storage import (
     load_study,
     open_study,
 )
+from autotune.search.studylock import study_lock
 
 __all__ = ["TuneJob", "check_job", "join_job", "make_sampler", "run_study"]
 
@@ -200,14 +201,18 @@ def run_study(job: TuneJob, progress: Progress | None = None) -> FrozenTrial | N
         heartbeat_s=job.study.heartbeat_s,
     )
     job.dir.mkdir(parents=True, exist_ok=True)
-    _resume(study, job, progress)
-    engine = {"name": adapter.name, "simulated": job.engine.simulated}
-    write_manifest(job.dir, study, engine, job.config())
-    try:
-        return _run_method(job, adapter, study, progress)
-    finally:
-        with contextlib.suppress(Exception):  # the run's own error (or Ctrl-C) is the one to report
-            write_manifest(job.dir, study, engine, job.config())
+    # A local study has one run at a time; on a shared storage workers join by design (and a
+    # dead one's trials are retried by heartbeat, not reaped).
+    local = job.storage_url.startswith("sqlite")
+    with study_lock(job.dir, job.study.name) if local else contextlib.nullcontext():
+        _resume(study, job, progress)
+        engine = {"name": adapter.name, "simulated": job.engine.simulated}
+        write_manifest(job.dir, study, engine, job.config())
+        try:
+            return _run_method(job, adapter, study, progress)
+        finally:
+            with contextlib.suppress(Exception):  # the run's own error (or Ctrl-C) is the one to report
+                write_manifest(job.dir, study, engine, job.config())
 
 
 def _run_method(job: TuneJob, adapter: EngineAdapter, study: optuna.Study, progress: Progress) -> FrozenTrial | None:

@@ -236,6 +236,12 @@ def test_kill_9_mid_trial_then_resume(tmp_path: Path) -> None:
     else:
         first.kill()
         pytest.fail("the first run never reached its second trial")
+    # A second run of the live study is refused in one line and touches nothing of the first.
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    assert f"study 'k' is being tuned by another run (pid {first.pid} on " in second.stderr
+    running = optuna.load_study(study_name="k", storage=storage).trials[1]
+    assert running.state == optuna.trial.TrialState.RUNNING and _sim_processes(tmp_path)
     first.send_signal(signal.SIGKILL)
     first.wait()
     # The engine dies with its tuner (runtime/guard.py): gone within 5 s, before any resume.
