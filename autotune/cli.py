@@ -30,10 +30,7 @@ from autotune.report.files import write_csv, write_front, write_parquet
 from autotune.report.html import write_report
 from autotune.report.launch import chosen_trial, export_trial
 from autotune.report.run import print_closing, print_memory_edge, run_live
-from autotune.report.status import (
-    print_status,
-    print_trials,
-)
+from autotune.report.status import TRIALS_HELP, print_status, print_trials
 from autotune.report.table import trials_frame
 from autotune.runtime import interrupt
 from autotune.search import probe
@@ -109,7 +106,7 @@ def tune(
         str | None, typer.Option(help="Model path or name (sim: a preset, e.g. meta-llama/Llama-3.1-8B-Instruct).")
     ] = None,
     python: Annotated[
-        str | None, typer.Option(help="The engine venv's Python; launches `PYTHON -m <engine module>`.")
+        str | None, typer.Option(help="The engine venv's Python; runs `PYTHON -m <engine module>`.")
     ] = None,
     command: Annotated[
         str | None, typer.Option(help="Full launch command before the flags, e.g. 'vllm serve'.")
@@ -119,9 +116,7 @@ def tune(
         typer.Option(help="Search-space YAML (or a shipped name). Default: vllm-default / sglang-throughput."),
     ] = None,
     workload: Annotated[str, typer.Option(help="Workload YAML (or a shipped name, e.g. chat).")] = "chat",
-    trials: Annotated[
-        int, typer.Option(min=1, help="Search trials to finish (baseline and validation come on top).")
-    ] = 20,
+    trials: Annotated[int, typer.Option(min=1, help=TRIALS_HELP)] = 20,
     time_budget: Annotated[str | None, typer.Option(help="Stop starting trials after this long, e.g. 8h.")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Benchmark runs per engine launch (median kept).")] = 1,
     finalists: Annotated[int, typer.Option(min=0, help="Top trials re-run with fresh engines.")] = 2,

@@ -111,6 +111,10 @@ def test_the_simulator_says_so_in_the_first_line(study: dict[str, Any]) -> None:
 @pytest.mark.sim
 def test_the_opening_line_counts_what_is_stored(study: dict[str, Any], home: Path, tmp_path: Path) -> None:
     assert study["out"].splitlines()[1].startswith("study s: new, in ")
+    # --trials 2, 1 finalist, 1 validation run: what the line promises is what ran.
+    plan = "2 runs of the engine's defaults (baseline and noise), then up to 2 search trials, then 1 finalist(s) and "
+    assert study["out"].splitlines()[1].endswith(plan + "the defaults × 1 fresh-engine re-run(s): at most 6 launches")
+    assert len(study["trials"]) <= 6
     copy = tmp_path / "results"
     shutil.copytree(study["results"], copy)
     again = run(home, *[str(copy) if a == str(study["results"]) else a for a in study["args"]])

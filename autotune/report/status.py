@@ -40,12 +40,15 @@ from autotune.search.record import (
     validation,
     verdict,
 )
+from autotune.search.stages import graph_sizes, plan_budget
 from autotune.search.storage import best_trial, pareto_front, superseded
 from autotune.search.studies import existing_study
 
 __all__ = [
+    "TRIALS_HELP",
     "budget_line",
     "export_note",
+    "launch_plan",
     "memory_edge_line",
     "metric_unit",
     "opening_line",
@@ -64,17 +67,48 @@ def opening_line(job: TuneJob) -> str:
     """The run's first study line: what exists already and what will run — counted from the
     storage, never assumed."""
     cfg = job.study
-    if cfg.method == "memory":
-        plan = f"up to {cfg.trials} memory probe{'s' if cfg.trials != 1 else ''}"
-    else:
-        plan = f"up to {cfg.trials} tuning trial{'s' if cfg.trials != 1 else ''}"
-        if cfg.finalists and cfg.validation_runs:
-            plan += f", then {cfg.finalists} finalist(s) × {cfg.validation_runs} fresh-engine re-run(s)"
+    plan = launch_plan(job)
     existing = existing_study(job.study.name, job.storage_url)
     trials = existing.get_trials(deepcopy=False) if existing is not None else []
     if not trials:
         return f"study {cfg.name}: new, in {job.dir}; {plan}"
     return f"study {cfg.name}: resuming with {trials_text(trials)} recorded; {plan}"
+
+
+TRIALS_HELP = (
+    "Tuning trials: search trials, or with --method staged the budget it splits between memory probes and scenario "
+    "trials (graph sizes, baseline, noise and validation runs on top; the first line gives the most launches)."
+)
+
+
+def launch_plan(job: TuneJob) -> str:
+    """What ``--trials`` buys, stage by stage, and the most engine launches the run can make (a
+    failed launch that is retried on a new port or a client-limited run re-run come on top)."""
+    cfg = job.study
+    if cfg.method == "memory":
+        return f"up to {_count(cfg.trials, 'memory probe')} after the baseline: at most {cfg.trials + 1} launches"
+    before = int(cfg.baseline) + (cfg.noise_runs if cfg.baseline else 0)
+    parts = [_count(before, "run") + " of the engine's defaults (baseline and noise)"] if before else []
+    if cfg.method == "staged":
+        budget = plan_budget(cfg.trials, job.space)
+        graphs = len(graph_sizes(job.space))
+        parts.append(
+            f"a context run, up to {_count(budget['memory_edge'], 'memory probe')}, {_count(graphs, 'graph size')} and "
+            f"{_count(budget['scenario'], 'scenario trial')} (the staged split of --trials {cfg.trials})"
+        )
+        tuning = 1 + budget["memory_edge"] + graphs + budget["scenario"]
+    else:
+        parts.append(f"up to {_count(cfg.trials, 'search trial')}")
+        tuning = cfg.trials
+    validation = (cfg.finalists + int(cfg.baseline)) * cfg.validation_runs if cfg.finalists else 0
+    if validation:
+        beside = " and the defaults" if cfg.baseline else ""
+        parts.append(f"{cfg.finalists} finalist(s){beside} × {cfg.validation_runs} fresh-engine re-run(s)")
+    return f"{', then '.join(parts)}: at most {before + tuning + validation} launches"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def budget_line(job: TuneJob, study: optuna.Study, elapsed: float) -> str | None:

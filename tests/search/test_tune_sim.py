@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 from simstudy import sim_engine, sim_job
 
 from autotune.errors import ConfigError
-from autotune.report.status import stopped_line
+from autotune.report.status import launch_plan, stopped_line
 from autotune.search import trial as trial_module
 from autotune.search.record import WITHDRAWN, validation
 from autotune.search.runner import StudyRun
@@ -393,6 +394,9 @@ def test_vllm_graph_stage_stops_when_every_eager_step_is_above_the_largest_size(
     study = load_study("t", job.storage_url)
     graph_trials = [t for t in study.trials if t.user_attrs["stage"] == "cuda_graph"]
     assert [t.user_attrs["params"]["cuda_graph_max_bs"] for t in graph_trials] == [8]
+    # The run stayed within the launches its first line promised for the staged split of --trials 2.
+    most = re.search(r"at most (\d+) launches$", launch_plan(job))
+    assert most is not None and len(study.trials) <= int(most[1])
     facts = graph_trials[0].user_attrs["facts"]
     assert facts["cuda_graph_max_bs"] == 8 and facts["eager_min_tokens"] >= 2048 and facts["graph_steps"] > 0
     assert 0 < facts["cuda_graph_false_share"] < 1
