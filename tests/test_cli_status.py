@@ -26,7 +26,8 @@ from autotune.report.status import memory_edge_line, point_text
 from autotune.search.record import StageState
 from autotune.search.storage import default_storage_url
 
-runner = CliRunner()
+# A pipe with no width given, where each row stays whole (xdist's workers export COLUMNS=80).
+runner = CliRunner(env={"COLUMNS": None})
 DATA = Path(__file__).parent / "engines" / "data"
 CPU_LOG = DATA / "vllm-0.32.0-cpu-startup.log"
 SLOS = {"p95_ttft_ms": 1000.0}

@@ -14,7 +14,7 @@ from autotune.bench.metrics import slo_violations
 from autotune.bench.result import BenchResult
 from autotune.bench.summary import capacity_rows, result_rows
 from autotune.config import Workload
-from autotune.report.console import console
+from autotune.report.console import console, cut
 
 __all__ = ["bench_verdict", "capacity_line", "measure", "print_capacity", "print_result"]
 
@@ -84,7 +84,7 @@ def bench_verdict(metrics: dict[str, Any], workload: Workload, errors: dict[str,
     requests = f"{completed} of {total} requests succeeded, {failed} failed"
     if errors:
         top, count = max(errors.items(), key=lambda kv: kv[1])
-        requests += f" (most often: {' '.join(str(top).split())[:120]} ×{count})"
+        requests += f" (most often: {cut(str(top), 120)} ×{count})"
     verdict = "workload met" if not missed else "workload NOT met"
     return row, f"{verdict}: {requests}; error rate {error_rate:.1%} (max_error_rate {workload.max_error_rate:.1%})"
 

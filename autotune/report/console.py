@@ -4,13 +4,14 @@ whose cells wrap instead of being cut short."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-__all__ = ["console", "err_console", "metric_cell", "print_table", "table"]
+__all__ = ["console", "cut", "err_console", "metric_cell", "print_table", "table"]
 
 # Lines are never folded at the terminal width: logs of overnight runs get grepped (tables still fit it).
 console = Console(soft_wrap=True)
@@ -27,9 +28,9 @@ def table(columns: list[tuple[str, dict[str, Any]]], **options: Any) -> Table:
 
 
 def print_table(table: Table) -> None:
-    """On a terminal the table fits its width (cells wrap); in a log or a pipe it takes the width
-    it needs, so no cell is folded there either."""
-    if console.is_terminal:
+    """On a terminal, or wherever ``COLUMNS`` gives a width, the table fits it (cells wrap); in a
+    log or a pipe it takes the width it needs, so no cell is folded there either."""
+    if console.is_terminal or os.environ.get("COLUMNS", "").isdigit():
         console.print(table)
     else:
         wide = Measurement.get(console, console.options.update_width(10_000), table).maximum
@@ -45,3 +46,13 @@ def metric_cell(value: Any, spec: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return format(value, spec)
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, cut at a word with "…" (never mid-word)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > limit // 2 else head).rstrip(" ,;:—-") + "…"

@@ -12,6 +12,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from autotune.report.console import cut
 from autotune.report.simband import modelled_note
 from autotune.report.summary import format_value
 
@@ -133,7 +134,7 @@ class LiveProgress:
         detail = (
             f"{metrics.get('output_throughput', 0):,.1f} tok/s, p95 TTFT {metrics.get('p95_ttft_ms', 0):,.0f} ms"
             if metrics
-            else summary.get("reason", "")[:160]
+            else cut(summary.get("reason", ""), 160)
         )
         pool = summary.get("pool") or {}
         if summary["stage"] == "memory_edge" and "kv_tokens" in pool:  # a probe: the pool is the point

@@ -20,6 +20,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
+from autotune.report.console import cut
 from autotune.report.summary import SERVED, StudyReport
 from autotune.search.record import trial_record
 
@@ -89,7 +90,7 @@ def _hover(frame: pd.DataFrame) -> list[str]:
     for r in frame.to_dict("records"):
         reason = str(r.get("reason") or "")
         # Log lines may hold "<...>": escape them, plotly reads hover text as HTML.
-        tail = f"<br>{html.escape(reason[:120])}" if reason and r.get("outcome") not in SERVED else ""
+        tail = f"<br>{html.escape(cut(reason, 120))}" if reason and r.get("outcome") not in SERVED else ""
         lines.append(f"trial {r['trial']} ({r['stage']})<br>{r['outcome']}{tail}")
     return lines
 

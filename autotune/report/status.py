@@ -14,7 +14,7 @@ import pandas as pd
 from rich.box import SIMPLE_HEAD
 
 from autotune.engines.base import flags_text
-from autotune.report.console import console, metric_cell, print_table, table
+from autotune.report.console import console, cut, metric_cell, print_table, table
 from autotune.report.files import objective_terms
 from autotune.report.launch import engine_config, objective_metric, value_summary
 from autotune.report.simband import modelled_note
@@ -283,7 +283,7 @@ def _status_detail(t: optuna.trial.FrozenTrial) -> str:
     if r.early_stop:
         reason = "; ".join(filter(None, [reason, f"stopped early: {r.early_stop['evidence']}"]))
     if reason:
-        return f"{params} — {reason[:160]}" if params else reason[:160]
+        return f"{params} — {cut(reason, 160)}" if params else cut(reason, 160)
     startup = startup_text(r.facts.get("startup") or {})
     return params + _probe_pool(r) + _reruns(r) + (f" · {startup}" if startup else "")
 
@@ -380,7 +380,7 @@ def _reruns(r: TrialRecord) -> str:
         return ""
     reason = str(reruns[-1].get("reason", ""))
     why = "host-disturbed" if reason.startswith("other processes took") else "client-limited"
-    return f" · {len(reruns)} run(s) re-run, {why}: {reason[:120]}"
+    return f" · {len(reruns)} run(s) re-run, {why}: {cut(reason, 120)}"
 
 
 def print_status(st: optuna.Study) -> None:

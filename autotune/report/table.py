@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pandas as pd
 
-from autotune.search.record import trial_record, validation
+from autotune.search.record import study_config, trial_record, validation
+from autotune.search.runner import DEFAULTS
 from autotune.search.storage import default_storage_url, load_study
 
-__all__ = ["KEY_METRICS", "load_trials", "parquet_ready", "trials_frame"]
+__all__ = ["FIXED_TYPES", "KEY_METRICS", "load_trials", "parquet_ready", "trials_frame"]
 
 KEY_METRICS = (
     "output_throughput",
@@ -28,7 +30,28 @@ KEY_METRICS = (
 )
 
 
-def _row(t: optuna.trial.FrozenTrial, checked: dict[str, Any]) -> dict[str, Any]:
+#: The columns every study's table has, with one type each, whatever the study holds: a notebook
+#: that concatenates studies gets one schema (the ``param.``, ``fact.``, ``time.`` and
+#: ``startup.`` columns follow the study's space and engine).
+FIXED_TYPES: dict[str, str] = {
+    "trial": "Int64",
+    "stage": "string",
+    "outcome": "string",
+    "early_stop": "string",
+    "value": "Float64",
+    "validated_median": "Float64",
+    "validated_spread": "Float64",
+    "validates": "Int64",  # a validation run: the finalist's trial number (none for the defaults)
+    "validates_defaults": "boolean",  # a validation run of the engine's defaults
+    "simulated": "boolean",  # measured on the simulator, not on an engine
+    "host": "string",
+    **dict.fromkeys(KEY_METRICS, "Float64"),
+    "reason": "string",
+    "log_path": "string",
+}
+
+
+def _row(t: optuna.trial.FrozenTrial, checked: dict[str, Any], simulated: bool) -> dict[str, Any]:
     r = trial_record(t)
     row: dict[str, Any] = {
         "trial": t.number,
@@ -38,7 +61,9 @@ def _row(t: optuna.trial.FrozenTrial, checked: dict[str, Any]) -> dict[str, Any]
         "value": t.values[0] if t.values else None,
         "validated_median": checked.get("median"),
         "validated_spread": checked.get("spread"),
-        "validates": r.validates,
+        "validates": r.validates if isinstance(r.validates, int) else None,
+        "validates_defaults": r.validates == DEFAULTS if r.validates is not None else None,
+        "simulated": simulated,
         "host": r.host or None,
     }
     row.update({f"param.{k}": v for k, v in (r.params or {}).items()})
@@ -59,7 +84,8 @@ def trials_frame(study: optuna.Study, *, exact: bool = False) -> pd.DataFrame:
     what a table or a CSV file should show.
     """
     checked = validation(study)
-    rows = [_row(t, checked.get(t.number, {})) for t in study.get_trials(deepcopy=False)]
+    simulated = bool((study_config(study).get("engine") or {}).get("simulated"))
+    rows = [_row(t, checked.get(t.number, {}), simulated) for t in study.get_trials(deepcopy=False)]
     if not exact:
         return pd.DataFrame(rows)
     columns = list(dict.fromkeys(key for row in rows for key in row))
@@ -89,7 +115,9 @@ def parquet_ready(frame: pd.DataFrame) -> pd.DataFrame:
     for column in out.columns:
         values = list(out[column])
         kind = _column_kind(values)
-        if kind == "int":
+        if column in FIXED_TYPES:
+            out[column] = _typed(values, FIXED_TYPES[column])
+        elif kind == "int":
             out[column] = pd.array([None if _missing(v) else v for v in values], dtype="Int64")
         elif kind == "bool":
             out[column] = pd.array([None if _missing(v) else v for v in values], dtype="boolean")
@@ -100,6 +128,13 @@ def parquet_ready(frame: pd.DataFrame) -> pd.DataFrame:
         else:
             out[column] = pd.array([None] * len(values), dtype="string")
     return out
+
+
+def _typed(values: list[Any], dtype: str) -> Any:
+    """A fixed column in its one type (a float column's whole numbers stay floats)."""
+    casts: dict[str, Callable[[Any], Any]] = {"Float64": float, "Int64": int, "boolean": bool, "string": _text}
+    cast = casts[dtype]
+    return pd.array([None if _missing(v) else cast(v) for v in values], dtype=dtype)
 
 
 def _missing(value: Any) -> bool:
