@@ -276,11 +276,12 @@ def status(
 def export(
     study: Annotated[str | None, typer.Argument(help="Study name (default: the only study in --results).")] = None,
     trial: Annotated[int | None, typer.Option(help="Trial number (default: the validated best).")] = None,
-    fmt: Annotated[str, typer.Option("--format", help=f"One of: {', '.join(FORMATS)}.")] = "bash",
+    fmt: Annotated[str | None, typer.Option("--format", help=f"One of: {', '.join(FORMATS)} (default bash).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write.")] = None,
     pareto: Annotated[
         bool, typer.Option(help="Write the Pareto front (JSON: each point's trial, values, flags).")
     ] = False,
+    force: Annotated[bool, typer.Option(help="Export a trial that did not serve the workload too.")] = False,
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
     results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
 ) -> None:
@@ -290,10 +291,12 @@ def export(
     st = open_named(study, storage, results)
     folder = study_folder(st.study_name, storage, results)
     if pareto:
+        if fmt not in (None, "json"):
+            raise ConfigError(f"--pareto writes JSON only; drop --format {fmt} (or export one point with --trial N)")
         console.print(str(write_front(st, output or folder / "pareto.json")), highlight=False)
         return
     chosen = chosen_trial(st, trial)
-    console.print(str(export_trial(st, chosen, fmt, output, folder)), highlight=False)
+    console.print(str(export_trial(st, chosen, fmt or "bash", output, folder, force=force)), highlight=False)
 
 
 @app.command()

@@ -4,6 +4,7 @@ found by name or suggested, and the container exports of a CPU-engine study run 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -274,3 +275,72 @@ def test_machine_readable_exports_keep_no_trial_port(tmp_path: Path, fmt: str) -
     text = Path(result.output.strip()).read_text()
     assert "40000" not in text and "$PORT" in text
     assert Path(result.output.strip()).parent == tmp_path / "p"
+
+
+def _sim_record() -> LaunchRecord:
+    prefix = ["/usr/bin/python3", "-m", "autotune_sim", "vllm"]
+    return LaunchRecord(
+        study="sim",
+        trial=2,
+        argv=[*prefix, *ENGINE_ARGS],
+        env={
+            "AUTOTUNE_SIM_GPU": "H100-80GB",
+            "AUTOTUNE_SIM_SPEEDUP": "20",
+            "VLLM_CACHE_ROOT": str(Path.home() / ".cache" / "autotune" / "sim-vllm"),
+            "VLLM_LOGGING_LEVEL": "INFO",
+        },
+        flags={"--max-num-seqs": 64},
+        simulated=True,
+        engine="vllm",
+        engine_version="0.34.0",
+        engine_args=ENGINE_ARGS,
+        verdict="gain over the engine's defaults +8.0% (range +5.0% … +11.0% over 3 paired runs)",
+    )
+
+
+@pytest.mark.sim  # the bash form quotes the simulator's error bands (python -m autotune_sim error-bands)
+@pytest.mark.parametrize("fmt", ["bash", "json", "yaml", "docker", "k8s"])
+def test_an_export_of_a_simulated_study_says_so_and_carries_no_simulator_setting(fmt: str) -> None:
+    _, text = render(_sim_record(), fmt)
+    if fmt in ("json", "yaml", "k8s"):  # read as the tools that load it do (no escapes, no folding)
+        text = json.dumps(yaml.safe_load(text), ensure_ascii=False)
+    assert "simulated engine" in text and "modelled, not measured" in text
+    assert "AUTOTUNE_SIM" not in text and "sim-vllm" not in text and "autotune_sim" not in text
+    assert "VLLM_LOGGING_LEVEL" in text  # the engine's own settings stay
+    assert "+8.0% (range +5.0% … +11.0% over 3 paired runs)" in text  # the verdict, in every format
+    if fmt == "bash":  # the real engine's module with the tuned flags, not the simulator
+        words = shlex.split(text.split("exec ", 1)[1].replace("\\\n", " "))
+        assert words[:5] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/tiny"]
+
+
+def test_a_trial_that_did_not_serve_is_exported_only_when_forced(tmp_path: Path) -> None:
+    st = _study(tmp_path, "f", ["maximize"], {"metric": "output_throughput"})
+    _add(st, 0, [100.0], outcome="ok")
+    _add(
+        st, 1, None, outcome="oom_runtime", reason="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"
+    )
+    refused = runner.invoke(app, ["export", "f", "--results", str(tmp_path), "--trial", "1"])
+    line = _one_line_error(refused.output)
+    assert refused.exit_code == 2 and not list((tmp_path / "f").glob("launch-trial1*"))
+    assert "trial 1 did not serve the workload (oom_runtime: torch.OutOfMemoryError: CUDA out of memory." in line
+    assert line.endswith("or pass --force to write its launch anyway")
+    forced = runner.invoke(app, ["export", "f", "--results", str(tmp_path), "--trial", "1", "--force"])
+    assert forced.exit_code == 0 and Path(forced.output.strip()).name == "launch-trial1.sh"
+
+
+def test_pareto_export_refuses_a_format_it_does_not_write(tmp_path: Path) -> None:
+    st = _study(
+        tmp_path,
+        "mo",
+        ["maximize", "minimize"],
+        {"metric": "output_throughput", "also": [{"metric": "p95_ttft_ms", "direction": "minimize"}]},
+    )
+    _add(st, 0, [100.0, 50.0], outcome="ok")
+    refused = runner.invoke(app, ["export", "mo", "--results", str(tmp_path), "--pareto", "--format", "bash"])
+    assert refused.exit_code == 2
+    assert _one_line_error(refused.output).endswith(
+        "--pareto writes JSON only; drop --format bash (or export one point with --trial N)"
+    )
+    assert not (tmp_path / "mo" / "pareto.json").exists()
+    written = runner.invoke(app, ["export", "mo", "--results", str(tmp_path), "--pareto"])
+    assert written.exit_code == 0 and json.loads(Path(written.output.strip()).read_text())["front"]

@@ -54,6 +54,7 @@ class LaunchRecord:
     device: str = "gpu"  # "cpu": tuned on a CPU build (vLLM-CPU): CPU image, no GPU request
     model: str | None = None  # the model as the engine was given it (a hub id or a local path)
     weights_from: str | None = None  # "daemon:<mode>": the trial mapped its weights from the study's daemon
+    verdict: str = ""  # the paired verdict against the engine's defaults, when the study judged this trial
 
     def port_and_host(self) -> tuple[str | None, str | None]:
         return _value_after(self.argv, "--port"), _value_after(self.argv, "--host")
@@ -68,6 +69,33 @@ class LaunchRecord:
             if value is not None:
                 return value
         return None
+
+
+#: Where the tuner keeps its own caches (the simulator's compile markers among them): never a
+#: deployment's, so an export of a simulated study leaves a variable pointing there out.
+TUNER_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "autotune")
+
+
+def deployable_env(env: dict[str, str], simulated: bool) -> dict[str, str]:
+    """The trial's environment as a deployment needs it: a simulated study's simulator settings
+    (``AUTOTUNE_SIM_*``, the simulator's cache) are the tuner's, not the engine's."""
+    if not simulated:
+        return dict(env)
+    return {k: v for k, v in env.items() if not k.startswith("AUTOTUNE_SIM_") and not v.startswith(TUNER_CACHE)}
+
+
+def deployable_argv(rec: LaunchRecord) -> list[str]:
+    """The argv a deployment runs: the trial's own, or for a simulated study the real engine's
+    module with the flags the simulated engine was tuned with."""
+    if not rec.simulated or rec.engine_args is None:
+        return list(rec.argv)
+    return ["python3", "-m", ADAPTERS[rec.engine].default_module, *rec.engine_args]
+
+
+SIMULATED_NOTE = (
+    "Tuned on autotune's simulated engine: its numbers are modelled, not measured; the flags run the real "
+    "engine here (measure them there before relying on them)."
+)
 
 
 def _value_after(argv: list[str], flag: str) -> str | None:
@@ -120,8 +148,10 @@ def to_bash(rec: LaunchRecord) -> str:
     ]
     if rec.summary:
         lines.append(_comment(rec.summary))
+    if rec.verdict:
+        lines.append(_comment(f"Against the engine's defaults, side by side: {rec.verdict}."))
     if rec.simulated:
-        lines.append(_comment("Tuned on autotune's simulated engine: its numbers are modelled, not measured."))
+        lines.append(_comment(SIMULATED_NOTE))
         lines.append(_comment(report_sentence()))
     lines.append(_comment(_daemon_note(rec)))
     lines.append(_comment(f"Generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}."))
@@ -130,12 +160,12 @@ def to_bash(rec: LaunchRecord) -> str:
         f'{PORT_VAR}="${{{PORT_VAR}:-8000}}"',
         f'{HOST_VAR}="${{{HOST_VAR}:-{host or "127.0.0.1"}}}"',
     ]
-    for name, value in sorted(rec.env.items()):
+    for name, value in sorted(deployable_env(rec.env, rec.simulated).items()):
         if _is_secret_ref(name, value):
             lines.append(_comment(f"{name}: read from your environment (a secret: never written here)."))
         else:
             lines.append(f"export {name}={shlex.quote(value)}")
-    words = _argv_with_vars(rec.argv)
+    words = _argv_with_vars(deployable_argv(rec))
     lines.append("exec " + " \\\n  ".join(_pair_flags(words)))
     del port  # the trial's port is throwaway; $PORT replaces it
     return "\n".join(lines) + "\n"
@@ -174,16 +204,18 @@ def to_json(rec: LaunchRecord) -> str:
                 "study": rec.study,
                 "trial": rec.trial,
                 # The trial's port was a throwaway: the same placeholders as the bash script.
-                "argv": _placeholder_argv(rec.argv),
+                "argv": _placeholder_argv(deployable_argv(rec)),
                 "placeholders": {
                     f"${PORT_VAR}": "the port to serve on (the bash export defaults it to 8000)",
                     f"${HOST_VAR}": f"the bind address (the trial used {host or '127.0.0.1'})",
                 },
-                "env": rec.env,
+                "env": deployable_env(rec.env, rec.simulated),
                 "flags": rec.flags,
                 "metrics": rec.metrics,
                 "summary": rec.summary,
+                "verdict": rec.verdict or None,
                 "simulated": rec.simulated,
+                **({"simulated_note": SIMULATED_NOTE} if rec.simulated else {}),
             },
             indent=2,
             default=str,
@@ -263,7 +295,7 @@ def to_docker(rec: LaunchRecord) -> str:
     _, _, warning = _image(rec)
     env = [
         f"-e {name}" if _is_secret_ref(name, value) else f"-e {shlex.quote(f'{name}={value}')}"
-        for name, value in sorted(rec.env.items())
+        for name, value in sorted(deployable_env(rec.env, rec.simulated).items())
     ]
     local = _local_model(rec)
     mounts = [f"-v {shlex.quote(f'{local}:{local}:ro')}"] if local else []
@@ -281,6 +313,12 @@ def to_docker(rec: LaunchRecord) -> str:
         "#!/usr/bin/env bash",
         _comment(f"Exported by autotune {__version__} from study {rec.study}, trial {rec.trial} ({rec.engine} image)."),
     ]
+    if rec.summary:
+        head.append(_comment(rec.summary))
+    if rec.verdict:
+        head.append(_comment(f"Against the engine's defaults, side by side: {rec.verdict}."))
+    if rec.simulated:
+        head.append(_comment(SIMULATED_NOTE))
     if rec.device == "cpu":
         head.append(_comment(f"Tuned on a CPU build: {image} is vLLM's CPU release image (x86_64); no GPU is used."))
     if warning:
@@ -300,7 +338,7 @@ def to_k8s(rec: LaunchRecord) -> str:
     _, _, warning = _image(rec)
     local = _local_model(rec)
     env: list[dict[str, Any]] = []
-    for k, v in sorted(rec.env.items()):
+    for k, v in sorted(deployable_env(rec.env, rec.simulated).items()):
         if _is_secret_ref(k, v):  # a secret: from a Kubernetes Secret, never written here
             env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": f"{name}-secrets", "key": k}}})
         else:
@@ -325,6 +363,10 @@ def to_k8s(rec: LaunchRecord) -> str:
     if command:
         container["command"], container["args"] = args[:command], args[command:]
     annotations = {"autotune/study": rec.study, "autotune/trial": str(rec.trial)}
+    if rec.simulated:
+        annotations["autotune/simulated"] = SIMULATED_NOTE
+    if rec.verdict:
+        annotations["autotune/verdict"] = rec.verdict
     if rec.device == "cpu":
         annotations["autotune/device"] = f"cpu: tuned on a CPU build; {image} is vLLM's CPU release image, no GPU"
     if warning:

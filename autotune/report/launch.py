@@ -10,9 +10,11 @@ from typing import Any
 import optuna
 
 from autotune.errors import ConfigError
+from autotune.outcomes import Outcome
+from autotune.report.console import cut
 from autotune.report.export import LaunchRecord, render
 from autotune.report.summary import no_winner_text
-from autotune.search.record import study_config, trial_record, validation
+from autotune.search.record import study_config, trial_record, validation, verdict
 from autotune.search.storage import best_trial, primary_value
 
 __all__ = [
@@ -67,15 +69,22 @@ def runs_on_cpu(trial: optuna.trial.FrozenTrial) -> bool:
     return False
 
 
-def launch_record(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> LaunchRecord:
+def launch_record(study: optuna.Study, trial: optuna.trial.FrozenTrial, *, force: bool = False) -> LaunchRecord:
     """What a launch script of this trial needs.
 
     Raises:
-        ConfigError: the trial never launched (nothing to export).
+        ConfigError: the trial never launched (nothing to export), or it did not serve the
+            workload and ``force`` is not set (a script that starts a failing engine).
     """
     record = trial_record(trial)
     if not record.argv:
         raise ConfigError(f"trial {trial.number} has no recorded launch (outcome {record.outcome}); pick another")
+    if not force and record.outcome and not Outcome(record.outcome).served:
+        why = f": {cut(record.reason, 100)}" if record.reason else ""
+        raise ConfigError(
+            f"trial {trial.number} did not serve the workload ({record.outcome}{why}); export a served trial "
+            "(see `autotune status`), or pass --force to write its launch anyway"
+        )
     engine_cfg = engine_config(study)
     value, note = value_summary(study, trial)
     summary = f"outcome {record.outcome}, {objective_metric(study)} {value:,.2f}" if value is not None else ""
@@ -95,7 +104,14 @@ def launch_record(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Launc
         device="cpu" if runs_on_cpu(trial) else "gpu",
         model=engine_cfg.get("model"),
         weights_from=(record.facts.get("startup") or {}).get("weights_from"),
+        verdict=_verdict_line(study, trial),
     )
+
+
+def _verdict_line(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> str:
+    """The study's paired verdict against the defaults, when this trial is the one it judged."""
+    said = verdict(study) or {}
+    return str(said.get("line", "")) if said.get("winner") == trial.number else ""
 
 
 def export_trial(
@@ -104,6 +120,8 @@ def export_trial(
     fmt: str = "bash",
     output: Path | None = None,
     folder: Path = Path("."),
+    *,
+    force: bool = False,
 ) -> Path:
     """Write the trial's launch in ``fmt`` to ``output``, or into ``folder`` (the study's own
     results folder: never a folder the stored trial paths point at, which may be another copy).
@@ -111,7 +129,7 @@ def export_trial(
     Raises:
         ConfigError: the trial never launched, or the file cannot be written.
     """
-    suffix, text = render(launch_record(study, trial), fmt)
+    suffix, text = render(launch_record(study, trial, force=force), fmt)
     path = output or folder / f"launch-trial{trial.number}{suffix}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

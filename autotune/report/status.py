@@ -243,10 +243,13 @@ def stopped_line(study: optuna.Study) -> str | None:
 
 
 def export_note(study: optuna.Study, best: optuna.trial.FrozenTrial) -> str:
-    """What the exported script holds and why, when the winner did not clearly beat the defaults."""
+    """The verdict on the exported winner against the defaults, and what the script holds when
+    the winner did not beat them beyond the noise."""
     said = verdict(study) or {}
-    if said.get("winner") != best.number or said.get("beats_defaults") is not False:
+    if said.get("winner") != best.number:
         return ""
+    if said.get("beats_defaults") is not False:
+        return f" ({said['line']})" if said.get("line") else ""
     if not trial_record(best).params:
         return " (the engine's defaults: no candidate beat them)"
     return (
