@@ -99,8 +99,7 @@ def _headline(report: StudyReport) -> str:
     stopped = f'<p class="headline">Stopped early: {_e(report.stopped_line)}.</p>' if report.stopped_line else ""
     if report.search_stall:
         stopped += f'<p class="headline">Search ended early: {_e(report.search_stall)}.</p>'
-    verdict = f"<p>{_e(report.verdict_line)}.</p>" if report.verdict_line else ""
-    return stopped + _winner_line(report) + verdict + f"<p>Decisions allowed for the {_e(report.noise_line)}.</p>"
+    return stopped + _winner_line(report) + f"<p>Decisions allowed for the {_e(report.noise_line)}.</p>"
 
 
 def _winner_line(report: StudyReport) -> str:
@@ -109,11 +108,16 @@ def _winner_line(report: StudyReport) -> str:
         return f'<p class="headline">{_e(text[0].upper() + text[1:])}. The failures below say what went wrong.</p>'
     w = report.winner
     gain = report.objective_gain
-    change = (
-        f' — <span class="{_change_class(gain.improved)}">{gain.change:+.1%}</span> against the engine defaults'
-        if gain is not None and gain.change is not None
-        else " (no served baseline to compare with)"
-    )
+    if report.verdict_line:  # measured side by side with the defaults: the gain the study stands by
+        cls = _change_class(True if report.beats_defaults else None)
+        change = f' — <span class="{cls}">{_e(report.verdict_line)}</span>'
+    elif gain is not None and gain.change is not None:
+        change = (
+            f' — <span class="{_change_class(gain.improved)}">{gain.change:+.1%}</span> against the engine '
+            "defaults' one run (not measured side by side)"
+        )
+    else:
+        change = " (no served baseline to compare with)"
     value = _e(format_number(report.winner_value))
     return (
         f'<p class="headline">Winner: trial #{w.number} ({_e(trial_record(w).stage)}) — '

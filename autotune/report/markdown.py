@@ -46,15 +46,15 @@ def _winner(report: StudyReport) -> list[str]:
         text = report.no_winner_text
         return ["## Winner", "", *stopped, *ended, f"{text[0].upper()}{text[1:]}; see the failures below.", ""]
     gain = report.objective_gain
-    change = (
-        f", **{gain.change:+.1%}** against the engine defaults"
-        if gain is not None and gain.change is not None
-        else " (no served baseline to compare with)"
-    )
+    if report.verdict_line:  # measured side by side with the defaults: the gain the study stands by
+        change = f"; side by side with the defaults: **{report.verdict_line}**"
+    elif gain is not None and gain.change is not None:
+        change = f", {gain.change:+.1%} against the engine defaults' one run (not measured side by side)"
+    else:
+        change = " (no served baseline to compare with)"
     headline = f"`{report.objective}` **{format_number(report.winner_value)}** ({report.winner_runs_text}){change}."
-    verdict = [f"Measured side by side with the defaults: {report.verdict_line}.", ""] if report.verdict_line else []
     noise = [f"Decisions allowed for the {report.noise_line}.", ""]
-    return [f"## Winner: trial #{report.winner.number}", "", headline, "", *verdict, *ended, *noise]
+    return [f"## Winner: trial #{report.winner.number}", "", headline, "", *ended, *noise]
 
 
 def _change(gain: Gain) -> str:

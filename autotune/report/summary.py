@@ -89,6 +89,8 @@ class Gain:
 
     Attributes:
         spread: Relative spread (max − min) / median over the winner's runs; None with one run.
+        noise: The study's measured run-to-run noise of its objective (None before it was
+            measured): a change within it, or within half the metric's own spread, is no mark.
     """
 
     key: str
@@ -98,6 +100,7 @@ class Gain:
     baseline: float | None
     winner: float | None
     spread: float | None
+    noise: float | None = None
 
     @property
     def change(self) -> float | None:
@@ -108,8 +111,12 @@ class Gain:
 
     @property
     def improved(self) -> bool | None:
+        """Better (True) or worse (False) beyond the noise; None when the change is within it,
+        or when the noise is not measured at all (nothing can be told apart then)."""
         change = self.change
-        if change is None or change == 0:
+        if change is None or self.noise is None:
+            return None
+        if abs(change) <= max(self.noise, (self.spread or 0.0) / 2):
             return None
         return (change > 0) == self.higher_is_better
 
@@ -181,7 +188,8 @@ class StudyReport:
     generated: str = ""
     # The tuner's own conclusions: the winner against the defaults in paired runs, and why the
     # study stopped early (an engine that fails whatever the flags), as the tuning loop stored them.
-    verdict_line: str = ""
+    verdict_line: str = ""  # the paired verdict on the winner against the defaults, when it was judged
+    beats_defaults: bool | None = None  # that verdict: True only when every paired round favours the winner
     stopped_line: str = ""
     search_stall: str = ""  # why a search stage ended before its trial budget
     noise_line: str = ""  # the run-to-run noise the study's decisions allowed for, and its source
@@ -351,7 +359,11 @@ def _median_metrics(runs: Sequence[FrozenTrial]) -> tuple[dict[str, float], dict
 
 
 def _gains(
-    baseline: FrozenTrial | None, winner_runs: Sequence[FrozenTrial], objective: str, direction: str
+    baseline: FrozenTrial | None,
+    winner_runs: Sequence[FrozenTrial],
+    objective: str,
+    direction: str,
+    noise: float | None,
 ) -> list[Gain]:
     base = trial_record(baseline).metrics if baseline is not None and _served(baseline) else {}
     medians, spreads = _median_metrics(winner_runs)
@@ -366,7 +378,7 @@ def _gains(
         if key not in base and key not in medians:
             continue
         b = None if base.get(key) is None else float(base[key])
-        gains.append(Gain(key, label, unit, higher, b, medians.get(key), spreads.get(key)))
+        gains.append(Gain(key, label, unit, higher, b, medians.get(key), spreads.get(key), noise))
     return gains
 
 
@@ -558,6 +570,7 @@ def summarize(study: optuna.Study) -> StudyReport:
         if win_cdf is not None:
             cdfs["winner"] = win_cdf
     objective = str(objective_cfg.get("metric", "output_throughput"))
+    noise, said = study_noise(trials, objective), verdict(study) or {}
     return StudyReport(
         name=study.study_name,
         simulated=bool(engine_cfg.get("simulated")),
@@ -573,7 +586,7 @@ def summarize(study: optuna.Study) -> StudyReport:
         winner=winner,
         winner_runs=len(winner_runs),
         baseline=baseline,
-        gains=_gains(baseline, winner_runs, objective, direction) if winner_runs else [],
+        gains=_gains(baseline, winner_runs, objective, direction, noise.measured) if winner_runs else [],
         flags=_flag_rows(baseline, winner) if winner is not None else [],
         failures=_failures(trials),
         outcomes=dict(Counter(_outcome(t) for t in trials if t.state.is_finished())),
@@ -582,8 +595,9 @@ def summarize(study: optuna.Study) -> StudyReport:
         # What each methodology stage decided (or why it was skipped), as the tuning loop stored it.
         stage_states={name: state.to_json() for name, state in stage_states(study).items()},
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        verdict_line=str((verdict(study) or {}).get("line", "")),
+        verdict_line=str(said.get("line", "")) if said.get("winner") == getattr(winner, "number", None) else "",
+        beats_defaults=said.get("beats_defaults") if said.get("winner") == getattr(winner, "number", None) else None,
         stopped_line=str((stopped(study) or {}).get("line", "")),
         search_stall=search_stall(study),
-        noise_line=study_noise(trials, objective).describe(),
+        noise_line=noise.describe(),
     )

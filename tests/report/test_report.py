@@ -459,3 +459,32 @@ def test_a_flag_the_engine_lowered_is_shown_and_read_as_the_value_it_used() -> N
     assert rows["--max-running-requests"].winner == "128 (engine used 40)"
     assert rows["--chunked-prefill-size"].winner == "4096"
     assert summary_module.knob_value(trial_record(winner), "max_running") == 40
+
+
+@pytest.mark.sim
+def test_the_headline_states_the_paired_verdict_and_marks_only_beyond_the_noise(tmp_path: Path) -> None:
+    # As demo-vllm-cpu ended: the winner's median beat the baseline's single run, but side by side
+    # with the defaults no round told them apart.
+    study, ids = _full_study(tmp_path)
+    line = (
+        "no candidate beat the engine's defaults beyond the measured noise of ±2.0% "
+        "(winner +0.4%, range −1.5% … +2.5% over 3 paired runs)"
+    )
+    said = {"winner": ids["winner"], "pairs": 3, "gain": 0.004, "noise": 0.02, "beats_defaults": False, "line": line}
+    study.set_user_attr("verdict", said)
+    html_path, md_path = write_report(load_study(STUDY, default_storage_url(tmp_path, STUDY)), tmp_path / STUDY)
+    page = html.unescape(html_path.read_text())
+    headline = re.search(r'<p class="headline">Winner: .*?</p>', page, re.S)
+    assert headline is not None and line in headline.group(0)
+    assert "+50.0%" not in headline.group(0) and 'class="good"' not in headline.group(0)
+    assert f"side by side with the defaults: **{line}**" in md_path.read_text()
+    # No metric is marked better or worse where nothing was measured twice to tell it apart.
+    report = summarize(load_study(STUDY, default_storage_url(tmp_path, STUDY)))
+    assert report.beats_defaults is False
+    within = [
+        g for g in report.gains if g.change is not None and abs(g.change) <= max(g.noise or 0, (g.spread or 0) / 2)
+    ]
+    assert within and all(g.improved is None for g in within)
+    report_gain = report.objective_gain
+    assert report_gain is not None and report_gain.noise is not None  # the winner's runs measured it
+    assert report_gain.improved is True  # +50% against the baseline's run: beyond it, still marked
