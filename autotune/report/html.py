@@ -19,7 +19,7 @@ from autotune.errors import ConfigError
 from autotune.report.markdown import render_markdown
 from autotune.report.plots import Plot, build_plots
 from autotune.report.simband import report_sentence
-from autotune.report.summary import SPREAD_NOTE, StudyReport, format_number, summarize
+from autotune.report.summary import SPREAD_NOTE, StudyReport, format_number, outcome_text, summarize
 from autotune.search.record import trial_record
 
 __all__ = ["FACT_COLUMNS", "render_html", "write_report"]
@@ -225,7 +225,7 @@ def _facts_section(report: StudyReport) -> str:
     headers = ["trial", "stage", "outcome", "output tok/s", "p95 TTFT ms"] + [label for _, label in present]
     rows = []
     for r in frame.to_dict("records"):
-        cells = [_td(r["trial"], "num"), _td(r["stage"]), _td(r["outcome"])]
+        cells = [_td(r["trial"], "num"), _td(r["stage"]), _td(outcome_text(r["outcome"], r.get("early_stop")))]
         cells += [_fact_cell(r.get("output_throughput")), _fact_cell(r.get("p95_ttft_ms"))]
         cells += [_fact_cell(r.get(f"fact.{k}")) for k, _ in present]
         rows.append(cells)

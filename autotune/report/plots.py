@@ -137,7 +137,9 @@ def history(report: StudyReport) -> Plot:
     if frame.empty or "value" not in frame:
         return Plot("plot-history", title, None, "no finished trials yet")
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.78, 0.22], vertical_spacing=0.05)
-    served = frame[frame["served"].astype(bool)]
+    # A memory probe ran the workload's peak shape, not the workload: its value is on another
+    # axis (the memory plot shows it).
+    served = frame[frame["served"].astype(bool) & ~frame["own_load"].astype(bool)]
     for stage, group in served.groupby("stage", sort=False):
         fig.add_trace(
             _stage_points(group, str(stage), "trial", "value", "%{y:,.1f}"),
@@ -153,8 +155,26 @@ def history(report: StudyReport) -> Plot:
             row=1,
             col=1,
         )
+    stopped = _stopped_early(frame, report.objective)
+    if not stopped.empty:
+        fig.add_trace(
+            go.Scatter(
+                x=stopped["trial"],
+                y=stopped["stopped_at"],
+                mode="markers",
+                name="stopped early",
+                marker={"color": "#888", "symbol": "triangle-down-open", "size": 10, "line": {"width": 2}},
+                hovertext=[
+                    f"{h}<br>stopped early: {html.escape(str(r))}"
+                    for h, r in zip(_hover(stopped), stopped["early_stop"], strict=True)
+                ],
+                hovertemplate="%{hovertext}<br>at %{y:,.1f} when stopped<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
     unfinished = frame["outcome"].isin(["running", "waiting"]) | frame["outcome"].isna()
-    failed = frame[~frame["served"].astype(bool) & ~unfinished]
+    failed = frame[~frame["served"].astype(bool) & ~unfinished & ~frame["trial"].isin(stopped["trial"])]
     for outcome, group in failed.groupby("outcome", sort=False):
         fig.add_trace(
             go.Scatter(
@@ -172,8 +192,21 @@ def history(report: StudyReport) -> Plot:
     fig.update_yaxes(title_text=report.objective, row=1, col=1)
     fig.update_yaxes(title_text="no value", type="category", row=2, col=1)
     fig.update_xaxes(title_text="trial", row=2, col=1)
-    note = "Open markers served the workload but missed an SLO; crosses below did not serve it."
+    note = (
+        "Open markers served the workload but missed an SLO; triangles were stopped early, at the value their "
+        "partial run had reached (no score); crosses below did not serve it. Memory probes, which ran the "
+        "workload's peak shape, are in the memory plot."
+    )
     return Plot("plot-history", title, _layout(fig, height=HEIGHT + 80), note)
+
+
+def _stopped_early(frame: pd.DataFrame, objective: str) -> pd.DataFrame:
+    """Trials whose run was stopped early and left no score, with the objective their partial run
+    had reached when it was stopped (``stopped_at``)."""
+    if "early_stop" not in frame or objective not in frame:
+        return pd.DataFrame(columns=["trial", "stopped_at", "early_stop"])
+    rows = frame[frame["early_stop"].notna() & ~frame["served"].astype(bool) & frame[objective].notna()]
+    return rows.assign(stopped_at=rows[objective])
 
 
 # --------------------------------------------------------------------------- Pareto front

@@ -23,6 +23,7 @@ from autotune.report.summary import (
     format_value,
     launch_counts,
     no_winner_text,
+    outcome_text,
     search_stall,
     trials_text,
 )
@@ -378,7 +379,7 @@ def print_trials(frame: pd.DataFrame) -> None:
     grid = table([(c, {}) for c in ("trial", "stage", "outcome", *[c.removeprefix("param.") for c in shown], *metrics)])
     for r in frame.to_dict("records"):
         cells = [format_value(r.get(c)) for c in shown] + [metric_cell(r.get(c), ",.1f") for c in metrics]
-        grid.add_row(str(r["trial"]), str(r["stage"]), str(r["outcome"]), *cells)
+        grid.add_row(str(r["trial"]), str(r["stage"]), outcome_text(r["outcome"], r.get("early_stop")), *cells)
     print_table(grid)
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "format_value",
     "launch_counts",
     "no_winner_text",
+    "outcome_text",
     "summarize",
 ]
 
@@ -320,6 +321,12 @@ def knob_value(record: TrialRecord, knob: str) -> Any:
 
 def _outcome(t: FrozenTrial) -> str:
     return trial_record(t).outcome or t.state.name.lower()
+
+
+def outcome_text(outcome: Any, early_stop: Any) -> str:
+    """A trial's outcome as tables show it: a run stopped early says so, and why."""
+    stopped = f" (stopped early: {early_stop})" if isinstance(early_stop, str) and early_stop else ""
+    return f"{outcome}{stopped}"
 
 
 def _served(t: FrozenTrial) -> bool:

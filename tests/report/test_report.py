@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.report import summary as summary_module
 from autotune.report.html import write_report
-from autotune.report.plots import pareto
+from autotune.report.plots import history, pareto
 from autotune.report.summary import CDF_POINTS, _empirical, summarize
 from autotune.search.record import WITHDRAWN, trial_record
 from autotune.search.storage import default_storage_url, load_study
@@ -488,3 +488,32 @@ def test_the_headline_states_the_paired_verdict_and_marks_only_beyond_the_noise(
     report_gain = report.objective_gain
     assert report_gain is not None and report_gain.noise is not None  # the winner's runs measured it
     assert report_gain.improved is True  # +50% against the baseline's run: beyond it, still marked
+
+
+@pytest.mark.sim
+def test_an_early_stopped_trial_is_drawn_and_listed_as_stopped_at_its_partial_value(tmp_path: Path) -> None:
+    study, _ = _full_study(tmp_path)
+    stopped = {"reason": "cannot_win", "at_requests": 40, "evidence": "upper bound 1,990.2 tok/s below the incumbent"}
+    attrs = {
+        "stage": "search",
+        "outcome": "ok",
+        "params": {},
+        "flags": {},
+        "metrics": _metrics(1943.1),
+        "early_stop": stopped,
+        "facts": {"kv_tokens": 120_000},
+    }
+    study.add_trial(
+        optuna.trial.create_trial(state=TrialState.PRUNED, user_attrs=attrs, intermediate_values={0: 1943.1})
+    )
+    number = len(study.trials) - 1
+    report = summarize(load_study(STUDY, default_storage_url(tmp_path, STUDY)))
+    figure = history(report).figure
+    assert figure is not None
+    traces = {trace.name: trace for trace in figure.data}
+    assert list(traces["stopped early"].x) == [number] and list(traces["stopped early"].y) == [1943.1]
+    assert "ok" not in traces  # not a cross in the lane of trials that did not serve
+    # The memory probes ran the peak shape: off the workload's axis.
+    assert "memory_edge" not in traces and {"baseline", "search", "cuda_graph", "validation"} <= set(traces)
+    html_path, _ = write_report(load_study(STUDY, default_storage_url(tmp_path, STUDY)), tmp_path / STUDY)
+    assert "ok (stopped early: cannot_win)" in html.unescape(html_path.read_text())
