@@ -685,17 +685,22 @@ _PARAM_TAGS = {"float", "int", "categorical", "bool"}
 
 def _format_validation(model: type[BaseModel], source: str, err: ValidationError) -> str:
     errors = err.errors()
-    # A misspelt field also leaves the field it meant "required": name the misspelling.
-    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    meant = {i: _meant(model, e) for i, e in enumerate(errors) if e["type"] == "extra_forbidden"}
+    # A misspelt field also leaves the field it meant "required": name the misspelling first.
+    index = next((i for i, close in meant.items() if close), 0)
+    first = errors[index]
     where = ".".join(str(p) for p in _without_tags(first["loc"])) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        msg = "unknown field; remove it or check its spelling"
-        close = _closest(str(first["loc"][-1]), _fields_at(model, _without_tags(first["loc"])[:-1]))
-        if close:
-            msg = f"unknown field; did you mean {close}?"
+        close = meant[index]
+        msg = f"unknown field; did you mean {close}?" if close else "unknown field; remove it or check its spelling"
     extra = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{source}: {where}: {msg}{extra}"
+
+
+def _meant(model: type[BaseModel], error: Any) -> str | None:
+    """The field an unknown one most likely misspells, at its place in ``model``."""
+    return _closest(str(error["loc"][-1]), _fields_at(model, _without_tags(error["loc"])[:-1]))
 
 
 def _closest(word: str, known: set[str]) -> str | None:

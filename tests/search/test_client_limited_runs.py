@@ -61,7 +61,8 @@ def test_a_starved_run_is_run_again_and_only_the_clean_run_is_scored(
     assert reruns == [{"repeat": 0, "attempt": 0, "reason": STARVED}]
     assert t.user_attrs["facts"]["client_limited"] is False  # the scored run was not limited
     # `autotune status` says which run was re-run and why, in the trial's row
-    shown = CliRunner().invoke(app, ["status", "t", "--results", str(tmp_path)], terminal_width=200)
+    # A pipe with no width given keeps each row on one line (xdist's workers export COLUMNS=80).
+    shown = CliRunner(env={"COLUMNS": None}).invoke(app, ["status", "t", "--results", str(tmp_path)])
     assert "1 run(s) re-run, client-limited: p99 event-loop lag 8979.0 ms" in shown.output, shown.output
 
 
