@@ -29,7 +29,8 @@ flat above 64 sequences; [e] ``reference/vllm.md`` §5 (recompute preemption whe
 
 Which set each fact belongs to (``autotune_sim/fidelity.py``): rows 1–3 are FITTED facts (the
 memory constants were fitted to them); row 5 is FITTED (the eager constants are
-fitted to sglang#1401's flashinfer pair; its triton pair is a VALIDATION row); rows 4 and 6–10
+fitted to sglang#1401's flashinfer pair; its triton pair, a near-copy, left the validation set
+with it); rows 4 and 6–10
 check the model's shape against rooflines and engine rules, not against measurements. The
 published measurements no constant was fitted to are the VALIDATION set in ``fidelity.py``
 (``python benchmarks/sim_fidelity.py``).

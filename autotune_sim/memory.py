@@ -15,8 +15,10 @@ What is allocated
   gate/up/activation outputs dominate: 4.5 × intermediate + 2 × hidden elements per token)
   plus fp32 logits for every sequence sampled in the step, the same on every TP rank.
   FITTED to vLLM's profile of Llama-3.1-8B: 1.21 GiB for 8,192 tokens and 256 sequences
-  (modelled: 1.23 GiB); VALIDATION rows (``autotune_sim/fidelity.py``): 1.26 GiB at TP 1 and
-  TP 2 (vllm#10511), 0.19 GiB for a 14B model at TP 2 with 2,048 tokens (vllm#13061, a known miss).
+  (modelled: 1.23 GiB). vllm#10511's 1.26 GiB at TP 1 and TP 2 are fitted rows too (a near-copy,
+  and the row the TP-2 rule below was changed to match); the VALIDATION row left
+  (``autotune_sim/fidelity.py``) is 0.19 GiB for a 14B model at TP 2 with 2,048 tokens
+  (vllm#13061, a known miss).
 * **CUDA graphs**: each captured graph keeps a small private pool, and the shared pool grows
   with the largest captured batch: ``graph_bytes_per_graph`` × graphs + ``graph_bytes_per_token``
   × largest size. vLLM's start-up *estimate* of it undercounts by ``GRAPH_ESTIMATE_ERROR``.
@@ -149,8 +151,8 @@ def footprint(
     else:
         inter, routing = model.intermediate, 0
     # Not divided by TP: vLLM logs the same profiled activation peak at TP 1 and TP 2
-    # (1.26 GiB for Llama-3-8B on H100s, vllm-project/vllm#10511, VALIDATION row in fidelity.py;
-    # the earlier /TP modelled 0.74 GiB at TP 2, −41 %).
+    # (1.26 GiB for Llama-3-8B on H100s, vllm-project/vllm#10511; the earlier /TP modelled
+    # 0.74 GiB at TP 2, −41 %). Changed to match that row, which is therefore a fitted row now.
     act_per_token = act_dtype * (4.5 * inter + 2 * model.hidden + routing)
     non_torch = (NON_TORCH_GIB + (NCCL_GIB if tp * pp > 1 else 0.0)) * GIB
     return Footprint(

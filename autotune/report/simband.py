@@ -17,11 +17,19 @@ from typing import Any
 
 __all__ = ["band_phrase", "bands", "metric_band", "modelled_note", "report_sentence"]
 
-# The kind of number each metric is (by the name's part); TPOT, ITL, end-to-end latency and
-# output throughput are all paced by the decode step.
-_METRIC_KINDS = (("ttft", "ttft"), ("tpot", "decode"), ("itl", "decode"), ("e2el", "decode"), ("throughput", "decode"))
-# What a report of a tuning study shows: served speed, first-token latency, and KV capacity.
-REPORT_KINDS = ("decode", "ttft", "kv")
+# The kind of number each metric of a tuning study is (by the name's part): a study measures
+# under its workload's load, so its TPOT, ITL and end-to-end latency are "under load" (not the
+# batch-1 decode step the decode rows measure), and so is its throughput.
+_METRIC_KINDS = (
+    ("ttft", "ttft"),
+    ("tpot", "decode-load"),
+    ("itl", "decode-load"),
+    ("e2el", "decode-load"),
+    ("throughput", "throughput-load"),
+    ("goodput", "throughput-load"),
+)
+# What a report of a tuning study shows: served speed, latency under load, first-token latency, KV capacity.
+REPORT_KINDS = ("throughput-load", "decode-load", "ttft", "kv")
 
 
 @functools.cache
@@ -38,10 +46,13 @@ def bands() -> dict[str, dict[str, Any]] | None:
 
 
 def band_phrase(category: str) -> str | None:
-    """``decode step / TPOT at batch 1 ±15 % over 2 published rows``; None without a validated band."""
+    """``KV-cache size ±35 % over 4 published rows``, or ``output throughput under load not
+    validated by any published row``; None when the bands are unavailable."""
     band = (bands() or {}).get(category)
-    if not band or band.get("max_abs_error") is None:
+    if not band:
         return None
+    if band.get("max_abs_error") is None:
+        return f"{band['label']} not validated by any published row"
     rows = int(band["rows"])
     return f"{band['label']} ±{100 * float(band['max_abs_error']):.0f} % over {rows} published row{'s' * (rows != 1)}"
 
@@ -53,12 +64,13 @@ def metric_band(metric: str) -> str | None:
 
 
 def modelled_note(metric: str) -> str:
-    """``modelled by the simulator; its validated error on <kind> ±N % over M published rows``; for
-    a metric no kind covers, the bands of every kind a report shows."""
+    """``modelled by the simulator; against published measurements: <kind> ±N % over M published
+    rows`` (or ``<kind> not validated by any published row``); for a metric no kind covers, the
+    bands of every kind a report shows."""
     phrases = [p for p in [metric_band(metric)] if p] or [p for p in map(band_phrase, REPORT_KINDS) if p]
     if not phrases:
         return "modelled by the simulator; its validated error band is unavailable"
-    return "modelled by the simulator; its validated error on " + "; ".join(phrases)
+    return "modelled by the simulator; against published measurements: " + "; ".join(phrases)
 
 
 def report_sentence(kinds: tuple[str, ...] = REPORT_KINDS) -> str:
@@ -66,4 +78,4 @@ def report_sentence(kinds: tuple[str, ...] = REPORT_KINDS) -> str:
     phrases = [p for p in (band_phrase(k) for k in kinds) if p]
     if not phrases:
         return "The simulator's validated error band is unavailable."
-    return "The simulator's validated error against published measurements: " + "; ".join(phrases) + "."
+    return "The simulator against published measurements: " + "; ".join(phrases) + "."

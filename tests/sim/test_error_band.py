@@ -1,4 +1,4 @@
-"""The validated error band per kind of number, from the validation set's rows that are not known misses."""
+"""The validated error band per kind of number, over every validation row of that kind."""
 
 from __future__ import annotations
 
@@ -11,19 +11,21 @@ import pytest
 from autotune_sim.fidelity import CATEGORIES, VALIDATION, error_band
 
 
-def test_band_is_the_worst_row_that_is_not_a_known_miss() -> None:
+def test_band_is_the_worst_row_known_misses_included() -> None:
     for category in CATEGORIES:
-        kept = [abs(f.ratio() - 1) for f in VALIDATION if f.category == category and f.known_miss is None]
+        errors = [abs(f.ratio() - 1) for f in VALIDATION if f.category == category]
         band = error_band(category)
-        assert band.rows == len(kept)
-        assert band.max_abs_error == (max(kept) if kept else None)
-    # The KV rows include a known miss of −35 %; it is listed with its reason, not in the band.
+        assert band.rows == len(errors)
+        assert band.max_abs_error == (max(errors) if errors else None)
+    # The KV rows hold a known miss of −35 %: it widens the KV band, as any row the model misses.
+    miss = next(f for f in VALIDATION if f.category == "kv" and f.known_miss)
     kv = error_band("kv")
-    assert kv.max_abs_error is not None and kv.max_abs_error < 0.25
+    assert kv.max_abs_error is not None and kv.max_abs_error >= abs(miss.ratio() - 1) > 0.25
 
 
-def test_a_category_with_only_known_misses_has_no_band() -> None:
-    assert error_band("moe").max_abs_error is None and error_band("moe").rows == 0
+def test_a_kind_no_published_row_measures_is_not_validated() -> None:
+    for category in ("decode-load", "throughput-load"):
+        assert error_band(category).max_abs_error is None and error_band(category).rows == 0
 
 
 def test_an_unknown_category_is_one_line() -> None:
@@ -37,4 +39,5 @@ def test_the_command_prints_the_same_bands_as_json() -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert set(data) == set(CATEGORIES)
-    assert data["decode"]["max_abs_error"] == error_band("decode").max_abs_error
+    assert data["kv"]["max_abs_error"] == error_band("kv").max_abs_error
+    assert data["throughput-load"]["max_abs_error"] is None
