@@ -276,3 +276,13 @@ def test_documented_command_runs(command: Command, workspace: Workspace) -> None
     where = f"{command.id}: `{command.text}` ran as `{shlex.join(argv[1:])}`"
     assert proc.returncode == 0, f"{where}\n{output[-4000:]}"
     assert "Traceback" not in output, f"{where}\n{output[-4000:]}"
+
+
+def test_the_readme_fits_five_minutes_and_links_every_page() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 160, "README.md: keep it to a five-minute read; move reference prose to docs/"
+    unlinked = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if f"](docs/{p.name})" not in readme]
+    assert not unlinked, f"README.md links no page {unlinked}: a reader cannot find them"
+    for page in (ROOT / "docs").glob("*.md"):  # every relative link of a page leads somewhere
+        for target in re.findall(r"\]\((?!https?:|#)([^)#]+)", page.read_text()):
+            assert (page.parent / target).exists(), f"docs/{page.name}: broken link {target}"
