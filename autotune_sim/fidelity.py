@@ -633,7 +633,8 @@ _RECORDED: tuple[Fact, ...] = (
         7.06,
         "ms",
         _decode_ms(_LLAMA, "H100-80GB", 1, 132, GraphMode.FULL),
-        moved="near-copy of a fitted row: the same PR, setup and card as the flashinfer pair the eager constants were fitted to",
+        moved="near-copy of a fitted row: the same PR, setup and card as the flashinfer pair the eager "
+        "constants were fitted to",
     ),
     Fact(
         "decode latency, triton, --disable-cuda-graph (ms)",
@@ -648,7 +649,8 @@ _RECORDED: tuple[Fact, ...] = (
         9.28,
         "ms",
         _decode_ms(_LLAMA, "H100-80GB", 1, 132, GraphMode.EAGER),
-        moved="near-copy of a fitted row: the triton twin of the flashinfer eager pair the eager constants were fitted to",
+        moved="near-copy of a fitted row: the triton twin of the flashinfer eager pair the eager constants "
+        "were fitted to",
     ),
     # ---- vLLM eager serving on one A100 80GB, long prompt (vllm#20469)
     Fact(
