@@ -286,3 +286,24 @@ def test_the_readme_fits_five_minutes_and_links_every_page() -> None:
     for page in (ROOT / "docs").glob("*.md"):  # every relative link of a page leads somewhere
         for target in re.findall(r"\]\((?!https?:|#)([^)#]+)", page.read_text()):
             assert (page.parent / target).exists(), f"docs/{page.name}: broken link {target}"
+
+
+DEMO_RUN = ROOT / "docs" / "runs" / "make-demo.txt"
+
+
+def test_what_the_quick_start_says_the_demo_printed_is_what_its_recorded_run_printed() -> None:
+    # The quick start quotes one fresh-clone `make demo` (its closing lines are kept verbatim in
+    # docs/runs/make-demo.txt, with the date, host and wall time): every number it quotes from
+    # that run must be in the record, so the README cannot drift from what the demo printed.
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    quoted = quick.split("One fresh-clone run", 1)
+    assert len(quoted) == 2, "the quick start says what one fresh-clone `make demo` printed"
+    run = " ".join(quoted[1].split("\n\n", 1)[0].split())
+    record = " ".join(DEMO_RUN.read_text().split())
+    numbers = re.findall(r"[+±−-]?\d[\d,.]*(?: ?%| min \d+ s| s)?", run)
+    assert numbers, run
+    for number in numbers:
+        assert number.replace(" %", "%") in record.replace(" %", "%"), (
+            f"README quotes {number!r}, not in {DEMO_RUN.name}"
+        )
