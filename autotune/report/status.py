@@ -41,7 +41,7 @@ from autotune.search.record import (
     validation,
     verdict,
 )
-from autotune.search.stages import graph_sizes, plan_budget
+from autotune.search.stages import CONTEXT, graph_sizes, plan_budget
 from autotune.search.storage import best_trial, pareto_front, superseded
 from autotune.search.studies import existing_study
 
@@ -93,11 +93,16 @@ def launch_plan(job: TuneJob) -> str:
     if cfg.method == "staged":
         budget = plan_budget(cfg.trials, job.space)
         graphs = len(graph_sizes(job.space))
-        parts.append(
-            f"a context run, up to {_count(budget['memory_edge'], 'memory probe')}, {_count(graphs, 'graph size')} and "
-            f"{_count(budget['scenario'], 'scenario trial')} (the staged split of --trials {cfg.trials})"
-        )
-        tuning = 1 + budget["memory_edge"] + graphs + budget["scenario"]
+        # Only the stages the space leaves something to decide (the context stage skips a
+        # context length the space fixes or searches).
+        context = CONTEXT not in job.space.params and CONTEXT not in {**job.engine.fixed_flags, **job.space.fixed}
+        stages = ["a context run"] if context else []
+        stages += [f"up to {_count(budget['memory_edge'], 'memory probe')}"] if budget["memory_edge"] else []
+        stages += [_count(graphs, "graph size")] if graphs else []
+        stages.append(_count(budget["scenario"], "scenario trial"))
+        listed = ", ".join(stages[:-1]) + " and " + stages[-1] if len(stages) > 1 else stages[0]
+        parts.append(f"{listed} (the staged split of --trials {cfg.trials})")
+        tuning = int(context) + budget["memory_edge"] + graphs + budget["scenario"]
     else:
         parts.append(f"up to {_count(cfg.trials, 'search trial')}")
         tuning = cfg.trials
