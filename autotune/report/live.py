@@ -139,11 +139,14 @@ class LiveProgress:
         pool = summary.get("pool") or {}
         if summary["stage"] == "memory_edge" and "kv_tokens" in pool:  # a probe: the pool is the point
             detail += f", KV {pool['kv_tokens']:,} tokens, {pool.get('preemptions', '?')} preemptions (peak shape)"
+        outcome = summary["outcome"]
         if stop := summary.get("early_stop"):  # the run ended early: say why, with its evidence
-            detail += f"; stopped early ({stop['reason']} at {stop['at_requests']} requests: {stop['evidence']})"
+            # The figures above are the partial run's, whole; the evidence judges its steady state.
+            outcome = f"{outcome}, stopped early ({stop['reason']})"
+            detail = f"partial run {detail}; at {stop['at_requests']} requests: {stop['evidence']}"
         t = summary.get("timings", {})
         self._line(
-            f"trial {summary['number']} → {summary['outcome']}: {detail} "
+            f"trial {summary['number']} → {outcome}: {detail} "
             f"(start {t.get('startup_s', 0):.0f}s, bench {t.get('bench_s', 0):.0f}s, total {t.get('total_s', 0):.0f}s)"
         )
         self._refresh()

@@ -1,0 +1,42 @@
+"""The live run's line per trial: a run stopped early is said to be one, with its partial figures."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from autotune.report.live import LiveProgress
+
+
+def _finished(summary: dict) -> str:
+    console = Console(force_terminal=False, width=400, soft_wrap=True, color_system=None)
+    with console.capture() as captured:
+        LiveProgress(console).trial_finished(summary)
+    return captured.get().strip()
+
+
+def test_an_early_stopped_trial_says_so_before_its_partial_figures() -> None:
+    stop = {"reason": "cannot_win", "at_requests": 121, "evidence": "output_throughput 1,920.4 tok/s over 3.0 s"}
+    line = _finished(
+        {
+            "number": 3,
+            "stage": "scenario",
+            "outcome": "ok",
+            "metrics": {"output_throughput": 1822.7, "p95_ttft_ms": 932.0},
+            "early_stop": stop,
+            "timings": {"startup_s": 30, "bench_s": 5, "total_s": 35},
+        }
+    )
+    assert line.startswith("trial 3 → ok, stopped early (cannot_win): partial run 1,822.7 tok/s, p95 TTFT 932 ms; ")
+    assert "at 121 requests: output_throughput 1,920.4 tok/s over 3.0 s" in line
+
+
+def test_a_full_run_reads_as_before() -> None:
+    line = _finished(
+        {
+            "number": 2,
+            "stage": "scenario",
+            "outcome": "ok",
+            "metrics": {"output_throughput": 2845.8, "p95_ttft_ms": 108},
+        }
+    )
+    assert line.startswith("trial 2 → ok: 2,845.8 tok/s, p95 TTFT 108 ms (start 0s")
