@@ -326,6 +326,10 @@ def test_a_trial_that_did_not_serve_is_exported_only_when_forced(tmp_path: Path)
     assert line.endswith("or pass --force to write its launch anyway")
     forced = runner.invoke(app, ["export", "f", "--results", str(tmp_path), "--trial", "1", "--force"])
     assert forced.exit_code == 0 and Path(forced.output.strip()).name == "launch-trial1.sh"
+    # An outcome that is not an engine's (a trial the tuner's stop interrupted) is refused alike.
+    _add(st, 2, None, outcome="interrupted")
+    interrupted = runner.invoke(app, ["export", "f", "--results", str(tmp_path), "--trial", "2"])
+    assert "trial 2 did not serve the workload (interrupted)" in _one_line_error(interrupted.output)
 
 
 def test_pareto_export_refuses_a_format_it_does_not_write(tmp_path: Path) -> None:

@@ -490,11 +490,8 @@ class EngineAdapter(ABC):
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
             except FileNotFoundError:
-                given = (
-                    "--command (engine.command in a config file)"
-                    if self.settings.command
-                    else ("--python (engine.python in a config file)")
-                )
+                given = "command" if self.settings.command else "python"  # the one the user set
+                given = f"--{given} (engine.{given} in a config file)"
                 raise InvalidFlags(
                     f"engine command not found: {argv[0]!r}; point {given} at the engine's installed Python or launcher"
                 ) from None

@@ -10,10 +10,9 @@ from typing import Any
 import optuna
 
 from autotune.errors import ConfigError
-from autotune.outcomes import Outcome
 from autotune.report.console import cut
 from autotune.report.export import LaunchRecord, render
-from autotune.report.summary import no_winner_text
+from autotune.report.summary import SERVED, no_winner_text
 from autotune.search.record import study_config, trial_record, validation, verdict
 from autotune.search.storage import best_trial, primary_value
 
@@ -79,7 +78,7 @@ def launch_record(study: optuna.Study, trial: optuna.trial.FrozenTrial, *, force
     record = trial_record(trial)
     if not record.argv:
         raise ConfigError(f"trial {trial.number} has no recorded launch (outcome {record.outcome}); pick another")
-    if not force and record.outcome and not Outcome(record.outcome).served:
+    if not force and record.outcome and record.outcome not in SERVED:  # interrupted, withdrawn too
         why = f": {cut(record.reason, 100)}" if record.reason else ""
         raise ConfigError(
             f"trial {trial.number} did not serve the workload ({record.outcome}{why}); export a served trial "

@@ -15,6 +15,7 @@ from rich.table import Table
 from autotune.report.console import cut
 from autotune.report.simband import modelled_note
 from autotune.report.summary import format_value
+from autotune.search.stage import Stage
 
 __all__ = ["LiveProgress"]
 
@@ -127,7 +128,7 @@ class LiveProgress:
 
     def trial_finished(self, summary: dict[str, Any]) -> None:
         self.outcomes[summary["outcome"]] += 1
-        if summary["stage"] not in ("baseline", "validation", "context"):
+        if summary["stage"] not in (Stage.BASELINE, Stage.VALIDATION, Stage.CONTEXT):
             self.done += 1
         self.best = summary.get("best")
         metrics = summary.get("metrics") or {}
@@ -137,7 +138,7 @@ class LiveProgress:
             else cut(summary.get("reason", ""), 160)
         )
         pool = summary.get("pool") or {}
-        if summary["stage"] == "memory_edge" and "kv_tokens" in pool:  # a probe: the pool is the point
+        if summary["stage"] == Stage.MEMORY_EDGE and "kv_tokens" in pool:  # a probe: the pool is the point
             detail += f", KV {pool['kv_tokens']:,} tokens, {pool.get('preemptions', '?')} preemptions (peak shape)"
         outcome = summary["outcome"]
         if stop := summary.get("early_stop"):  # the run ended early: say why, with its evidence

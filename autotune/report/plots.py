@@ -23,17 +23,18 @@ from plotly.subplots import make_subplots
 from autotune.report.console import cut
 from autotune.report.summary import SERVED, StudyReport
 from autotune.search.record import trial_record
+from autotune.search.stage import Stage
 
 __all__ = ["Plot", "build_plots"]
 
-STAGE_COLOURS = {
-    "baseline": "#7f7f7f",
-    "search": "#1f77b4",
-    "validation": "#2ca02c",
-    "context": "#9467bd",
-    "memory_edge": "#ff7f0e",
-    "cuda_graph": "#17becf",
-    "scenario": "#8c564b",
+STAGE_COLOURS: dict[str, str] = {
+    Stage.BASELINE: "#7f7f7f",
+    Stage.SEARCH: "#1f77b4",
+    Stage.VALIDATION: "#2ca02c",
+    Stage.CONTEXT: "#9467bd",
+    Stage.MEMORY_EDGE: "#ff7f0e",
+    Stage.CUDA_GRAPH: "#17becf",
+    Stage.SCENARIO: "#8c564b",
 }
 OUTCOME_COLOURS = {
     "ok": "#2ca02c",
@@ -53,7 +54,7 @@ CDF_NAMES = {"baseline": "engine defaults", "winner": "winner"}
 HEIGHT = 440
 MIN_IMPORTANCE_TRIALS = 3
 # Stages whose trials Optuna sampled: a plain search, or the scenario search of the staged method.
-SEARCH_STAGES = ("search", "scenario")
+SEARCH_STAGES = (Stage.SEARCH, Stage.SCENARIO)
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def _stage_points(group: pd.DataFrame, stage: str, x: str, y: str, value_format:
 def _best_so_far(served: pd.DataFrame, maximize: bool) -> pd.DataFrame:
     # Validation runs re-measure a finalist: counting them would turn noise into "progress";
     # a probe under its own (peak) load measured something else.
-    comparable = (served["stage"] != "validation") & ~served["own_load"].astype(bool)
+    comparable = (served["stage"] != Stage.VALIDATION) & ~served["own_load"].astype(bool)
     candidates = served[served["feasible"].astype(bool) & comparable]
     feasible = candidates.sort_values("trial")
     best = feasible["value"].cummax() if maximize else feasible["value"].cummin()
@@ -274,9 +275,11 @@ def pareto(report: StudyReport) -> Plot:
 # ------------------------------------------------------------------- methodology-stage probes
 def memory_edge(report: StudyReport) -> Plot | None:
     """Memory fraction against the KV tokens it bought, coloured by outcome (None: no probe)."""
-    frame, state = report.frame, report.stage_states.get("memory_edge") or {}
+    frame, state = report.frame, report.stage_states.get(Stage.MEMORY_EDGE) or {}
     title = "Memory edge probe"
-    probe = frame[(frame["stage"] == "memory_edge") & frame["memory_fraction"].notna()] if not frame.empty else frame
+    probe = (
+        frame[(frame["stage"] == Stage.MEMORY_EDGE) & frame["memory_fraction"].notna()] if not frame.empty else frame
+    )
     if probe.empty:
         return Plot("plot-memory-edge", title, None, f"skipped: {state['skipped']}") if state.get("skipped") else None
     kv = probe["fact.kv_tokens"] if "fact.kv_tokens" in probe else pd.Series(math.nan, index=probe.index)
@@ -313,9 +316,11 @@ def memory_edge(report: StudyReport) -> Plot | None:
 
 def cuda_graph(report: StudyReport) -> Plot | None:
     """Output throughput per captured CUDA-graph batch size (None: the stage did not run)."""
-    frame, state = report.frame, report.stage_states.get("cuda_graph") or {}
+    frame, state = report.frame, report.stage_states.get(Stage.CUDA_GRAPH) or {}
     title = "CUDA-graph coverage"
-    probe = frame[(frame["stage"] == "cuda_graph") & frame["cuda_graph_max_bs"].notna()] if not frame.empty else frame
+    probe = (
+        frame[(frame["stage"] == Stage.CUDA_GRAPH) & frame["cuda_graph_max_bs"].notna()] if not frame.empty else frame
+    )
     if probe.empty:
         return Plot("plot-cuda-graph", title, None, f"skipped: {state['skipped']}") if state.get("skipped") else None
     probe = probe.copy()

@@ -41,6 +41,7 @@ from autotune.search.record import (
     validation,
     verdict,
 )
+from autotune.search.stage import Stage
 from autotune.search.stages import CONTEXT, graph_sizes, plan_budget
 from autotune.search.storage import best_trial, pareto_front, superseded
 from autotune.search.studies import existing_study
@@ -61,7 +62,7 @@ __all__ = [
     "stopped_line",
 ]
 
-TUNING_EXCLUDED = ("baseline", "validation", "context")
+TUNING_EXCLUDED = (Stage.BASELINE, Stage.VALIDATION, Stage.CONTEXT)
 
 
 def opening_line(job: TuneJob) -> str:
@@ -97,12 +98,12 @@ def launch_plan(job: TuneJob) -> str:
         # context length the space fixes or searches).
         context = CONTEXT not in job.space.params and CONTEXT not in {**job.engine.fixed_flags, **job.space.fixed}
         stages = ["a context run"] if context else []
-        stages += [f"up to {_count(budget['memory_edge'], 'memory probe')}"] if budget["memory_edge"] else []
+        stages += [f"up to {_count(budget[Stage.MEMORY_EDGE], 'memory probe')}"] if budget[Stage.MEMORY_EDGE] else []
         stages += [_count(graphs, "graph size")] if graphs else []
-        stages.append(_count(budget["scenario"], "scenario trial"))
+        stages.append(_count(budget[Stage.SCENARIO], "scenario trial"))
         listed = ", ".join(stages[:-1]) + " and " + stages[-1] if len(stages) > 1 else stages[0]
         parts.append(f"{listed} (the staged split of --trials {cfg.trials})")
-        tuning = int(context) + budget["memory_edge"] + graphs + budget["scenario"]
+        tuning = int(context) + budget[Stage.MEMORY_EDGE] + graphs + budget[Stage.SCENARIO]
     else:
         parts.append(f"up to {_count(cfg.trials, 'search trial')}")
         tuning = cfg.trials
@@ -417,7 +418,7 @@ def print_status(st: optuna.Study) -> None:
             highlight=False,
         )
         print_trial_table(probes)
-    if (edge_state := stage_state(st, "memory_edge")) and edge_state.results:
+    if (edge_state := stage_state(st, Stage.MEMORY_EDGE)) and edge_state.results:
         console.print(memory_edge_line(edge_state), highlight=False)
     if len(st.directions) > 1:
         _print_front(st)

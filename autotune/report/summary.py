@@ -37,6 +37,7 @@ from autotune.search.record import (
     trial_records,
     verdict,
 )
+from autotune.search.stage import Stage
 from autotune.search.storage import best_trial, primary_value
 
 __all__ = [
@@ -276,7 +277,7 @@ def format_value(value: Any) -> str:
 def search_stall(study: optuna.Study) -> str:
     """Why a search stage ended before its trial budget, as the tuning loop stored it ("" when
     it ran its budget)."""
-    states = (stage_state(study, name) for name in ("search", "scenario"))
+    states = (stage_state(study, name) for name in (Stage.SEARCH, Stage.SCENARIO))
     return next((state.stalled for state in states if state is not None and state.stalled), "")
 
 
@@ -335,7 +336,7 @@ def _served(t: FrozenTrial) -> bool:
 
 def _pick_baseline(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
     """The engine-defaults trial: a served one if any (a retry may have served), else the last."""
-    baselines = [t for t in trials if trial_record(t).stage == "baseline" and t.state.is_finished()]
+    baselines = [t for t in trials if trial_record(t).stage == Stage.BASELINE and t.state.is_finished()]
     served = [t for t in baselines if _served(t)]
     pool = served or baselines
     return pool[-1] if pool else None

@@ -38,6 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.runtime.reaper import reap_process_groups
 from autotune.search.record import lease, set_lease, trial_record, trial_records
 from autotune.search.runner import StudyRun
+from autotune.search.stage import Stage
 from autotune.search.storage import GRACE_BEATS
 
 __all__ = ["LEASE_KEY", "SEQUENTIAL_STAGES", "Coordinator"]
@@ -51,7 +52,7 @@ T = TypeVar("T")
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used", category=UserWarning)
 
 #: Stages whose trials depend on the one before; one worker runs them.
-SEQUENTIAL_STAGES = frozenset({"baseline", "context", "memory_edge", "cuda_graph"})
+SEQUENTIAL_STAGES = frozenset({Stage.BASELINE, Stage.CONTEXT, Stage.MEMORY_EDGE, Stage.CUDA_GRAPH})
 #: Study attribute holding the sequential-stage lease: {"worker", "host", "seq"} or {"done": True}.
 LEASE_KEY = "lease.sequential"
 #: Time between writing the lease and reading it back: longer than a storage round trip, so

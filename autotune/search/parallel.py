@@ -46,6 +46,7 @@ from autotune.search.job import TuneJob
 from autotune.search.progress import Progress
 from autotune.search.record import StageState, trial_record
 from autotune.search.runner import STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun, Withdrawn
+from autotune.search.stage import Stage
 from autotune.search.stages import (
     SCENARIOS,
     conservativeness_next,
@@ -307,7 +308,7 @@ class _Worker:
         if study.method == "staged":
             budget = plan_budget(study.trials, self.job.space)
             fixed = self.coord.sequential(lambda: sequential_stages(run, budget, study.memory_probe))
-            self._scenario(budget["scenario"], fixed)
+            self._scenario(budget[Stage.SCENARIO], fixed)
         else:
 
             def baseline() -> None:
@@ -330,7 +331,7 @@ class _Worker:
         run = self.run
         rest = SearchSpace(params={k: v for k, v in self.job.space.params.items() if k not in fixed})
         if not rest.params:
-            skip_stage(run, "scenario", "every knob of the space was decided by earlier stages")
+            skip_stage(run, Stage.SCENARIO, "every knob of the space was decided by earlier stages")
             return
         scenario = scenario_of(self.job.workload)
         # Only the worker that ran the sequential stages seeds the search, so two workers never
@@ -343,11 +344,11 @@ class _Worker:
             hint = opening if first and opening is not None else follow.get(me)
             if first and opening is not None:
                 run.progress.message(f"scenario search ({scenario} workload): first trial from {why}")
-            result = run.run("scenario", explicit=fixed, sample=rest, hint=hint)
+            result = run.run(Stage.SCENARIO, explicit=fixed, sample=rest, hint=hint)
             follow[me] = conservativeness_next(run, rest, result.facts, result.flags)
 
-        stall = functools.partial(self._search_stall, "scenario", quota)
-        self._fill([_Task("scenario", lambda t: trial_record(t).stage == "scenario", quota, start, stall)])
+        stall = functools.partial(self._search_stall, Stage.SCENARIO, quota)
+        self._fill([_Task(Stage.SCENARIO, lambda t: trial_record(t).stage == Stage.SCENARIO, quota, start, stall)])
 
     def _search_stall(self, stage: str, quota: int) -> str | None:
         """Why the search stage may end before ``quota`` (said and recorded once), or None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from autotune.search.job import TuneJob
 from autotune.search.progress import Progress
 from autotune.search.record import StageState, stage_state, trial_records
+from autotune.search.stage import Stage
 from autotune.search.storage import load_study
 from autotune.search.tune import run_study
 
@@ -39,6 +40,6 @@ def probe_memory(job: TuneJob, progress: Progress | None = None) -> MemoryEdge:
     launches = Counter(
         r.outcome or t.state.name.lower()
         for t, r in zip(trials, trial_records(trials), strict=True)
-        if r.stage == "memory_edge" and t.state.is_finished()
+        if r.stage == Stage.MEMORY_EDGE and t.state.is_finished()
     )
-    return MemoryEdge(stage_state(study, "memory_edge") or StageState(), dict(launches))
+    return MemoryEdge(stage_state(study, Stage.MEMORY_EDGE) or StageState(), dict(launches))

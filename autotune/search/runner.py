@@ -54,6 +54,7 @@ from autotune.search.record import (
     write_trial,
 )
 from autotune.search.space import distribution, finite_points, fits, suggest, suggest_param
+from autotune.search.stage import Stage
 from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded
 from autotune.search.trial import TrialResult, TrialSpec, early_stop_policy, run_trial
 from autotune.search.verdict import paired_gains, paired_verdict
@@ -65,9 +66,9 @@ __all__ = ["Placement", "StudyRun", "Withdrawn", "redact_env", "worker_id"]
 #: for the trial and yields the environment that confines the engine to them.
 Placement = Callable[[dict[str, Any]], AbstractContextManager[Mapping[str, str]]]
 
-STAGE_BASELINE, STAGE_SEARCH, STAGE_VALIDATION = "baseline", "search", "validation"
+STAGE_BASELINE, STAGE_SEARCH, STAGE_VALIDATION = Stage.BASELINE, Stage.SEARCH, Stage.VALIDATION
 #: The engine's defaults launched again right after the baseline: the study's first noise figure.
-STAGE_NOISE = "noise"
+STAGE_NOISE = Stage.NOISE
 DEFAULTS = "defaults"  # the ``validates`` key of validation runs of the engine's defaults
 RELEASE_TIMEOUT_S = 120.0
 #: How long a new trial waits for the start records of trials asked just before it.

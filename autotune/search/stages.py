@@ -29,6 +29,7 @@ from autotune.outcomes import Outcome
 from autotune.runtime.hostmem import GIB, NodeMemory, node_memory
 from autotune.search.record import StageState, TrialRecord, set_memory_edge, trial_record, trial_records
 from autotune.search.runner import STAGE_BASELINE, StudyRun
+from autotune.search.stage import Stage
 from autotune.search.storage import primary_value
 from autotune.search.trial import graph_facts
 
@@ -61,7 +62,7 @@ def plan_budget(total: int, space: SearchSpace) -> dict[str, int]:
     memory = min(max(3, total // 4), 8) if MEMORY in space.params else 0
     graph = max(0, len(graph_sizes(space)) - 1)
     scenario = max(total - memory - graph, math.ceil(total / 3))
-    return {"memory_edge": memory, "cuda_graph": graph, "scenario": scenario}
+    return {Stage.MEMORY_EDGE: memory, Stage.CUDA_GRAPH: graph, Stage.SCENARIO: scenario}
 
 
 # ------------------------------------------------------------------------------ memory edge
@@ -207,15 +208,15 @@ def _cpu_ceiling(run: StudyRun) -> tuple[float, NodeMemory]:
 
 def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> float | None:
     """Find the highest memory fraction that survives the peak load; returns it (or None)."""
-    state = run.stage_state("memory_edge")
+    state = run.stage_state(Stage.MEMORY_EDGE)
     if state is not None and state.done:
         return state.edge
     if MEMORY not in run.job.space.params:
-        skip_stage(run, "memory_edge", "the search space has no memory_fraction")
+        skip_stage(run, Stage.MEMORY_EDGE, "the search space has no memory_fraction")
         return None
     pinned = run.adapter.pinned_kv_pool(run.flags(fixed))
     if pinned:
-        skip_stage(run, "memory_edge", pinned)
+        skip_stage(run, Stage.MEMORY_EDGE, pinned)
         return None
     cpu = _on_cpu(run)
     start, high, note = _cpu_semantics(run) if cpu else _memory_semantics(run)  # high: the host's ceiling on CPU
@@ -228,7 +229,7 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
     peak = peak_workload(run.job.workload, _peak_concurrency(run, fixed))
     results = _probe_results(run)
     capped = ""
-    while len(run.finished("memory_edge")) < quota and not run.out_of_time():
+    while len(run.finished(Stage.MEMORY_EDGE)) < quota and not run.out_of_time():
         fraction = probe.next(results)
         if fraction is None:
             break
@@ -237,7 +238,9 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
             if fraction > ceiling + 1e-9:
                 capped = f"; stopped below {fraction:.2f}: the host has {host.describe()} now"
                 break
-        result = run.run("memory_edge", explicit={**fixed, MEMORY: fraction}, workload=peak, extra={"probe": fraction})
+        result = run.run(
+            Stage.MEMORY_EDGE, explicit={**fixed, MEMORY: fraction}, workload=peak, extra={"probe": fraction}
+        )
         verdict = memory_verdict(str(result.outcome), result.facts)
         if verdict != "failed":
             results[fraction] = verdict
@@ -247,7 +250,7 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
     key = f"context={fixed.get(CONTEXT, 'default')},graph={fixed.get(GRAPH, 'default')}"
     pool = _pool_at(run, edge)
     run.set_stage_state(
-        "memory_edge",
+        Stage.MEMORY_EDGE,
         StageState(
             done=True,
             edge=edge,
@@ -297,7 +300,7 @@ def _space_high(run: StudyRun) -> float:
 
 def _pool_at(run: StudyRun, fraction: float | None) -> int | None:
     """The KV pool in bytes that the engine logged at this probe (for ``kv_cache_memory_bytes``)."""
-    for r in trial_records(run.finished("memory_edge")):
+    for r in trial_records(run.finished(Stage.MEMORY_EDGE)):
         gib = r.facts.get("kv_gib")
         if fraction is not None and r.probe == fraction and gib:
             return int(float(gib) * GIB)
@@ -320,7 +323,7 @@ def _edge_line(edge: float | None, results: Mapping[float, str], key: str, pool:
 
 def _probe_results(run: StudyRun) -> dict[float, str]:
     out: dict[float, str] = {}
-    for r in trial_records(run.finished("memory_edge")):
+    for r in trial_records(run.finished(Stage.MEMORY_EDGE)):
         verdict = memory_verdict(str(r.outcome), r.facts)
         if verdict != "failed" and r.probe is not None:
             out[float(r.probe)] = verdict
@@ -359,15 +362,15 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float, move: Mapping
     """Walk the captured max batch up (256 → 512 → 768 …) giving back 0.02 of memory per step;
     keep a larger size only when throughput beats the current best by more than the noise. The
     runs carry the SLO-first ``move``: a size judged on runs that break the SLO would be rejected."""
-    state = run.stage_state("cuda_graph")
+    state = run.stage_state(Stage.CUDA_GRAPH)
     if state is not None and state.done:
         return dict(state.fixed or {})
     sizes = graph_sizes(run.job.space)
     if not sizes:
-        skip_stage(run, "cuda_graph", "the search space has no cuda_graph_max_bs")
+        skip_stage(run, Stage.CUDA_GRAPH, "the search space has no cuda_graph_max_bs")
         return {}
     if _on_cpu(run):
-        skip_stage(run, "cuda_graph", "the CPU build captures no CUDA graphs")
+        skip_stage(run, Stage.CUDA_GRAPH, "the CPU build captures no CUDA graphs")
         return {}
     best: dict[str, Any] | None = None
     best_value = -math.inf
@@ -378,7 +381,7 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float, move: Mapping
         if MEMORY in fixed:
             choice[MEMORY] = round(fixed[MEMORY] - STEP * i, 4)
         ran = {**move, **choice}
-        t = _existing(run, "cuda_graph", ran) or run.run("cuda_graph", explicit=ran).summary()
+        t = _existing(run, Stage.CUDA_GRAPH, ran) or run.run(Stage.CUDA_GRAPH, explicit=ran).summary()
         value = t["value"] if t["outcome"] == Outcome.OK else -math.inf
         keep = value > -math.inf and (best is None or value > best_value * (1 + noise))
         verdict = _graph_verdict(t["outcome"], value, best_value, noise, keep)
@@ -393,7 +396,7 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float, move: Mapping
             )
             break
     decision = {k: v for k, v in (best or {}).items() if k in (GRAPH, MEMORY)}
-    run.set_stage_state("cuda_graph", StageState(done=True, fixed=decision, noise=noise))
+    run.set_stage_state(Stage.CUDA_GRAPH, StageState(done=True, fixed=decision, noise=noise))
     return decision
 
 
@@ -610,15 +613,15 @@ def conservativeness_next(
 def context(run: StudyRun, fixed: dict[str, Any], move: Mapping[str, Any]) -> dict[str, Any]:
     """``context_len`` from the workload's longest request; the run also carries the SLO-first
     ``move`` (it is the first trial after the baseline), which the decision does not keep."""
-    state = run.stage_state("context")
+    state = run.stage_state(Stage.CONTEXT)
     if state is not None and state.done:
         return dict(state.fixed or {})
     if CONTEXT not in run.adapter.knobs:
-        skip_stage(run, "context", f"{run.adapter.name} has no context-length flag")
+        skip_stage(run, Stage.CONTEXT, f"{run.adapter.name} has no context-length flag")
         return {}
     settled = {**run.job.engine.fixed_flags, **run.job.space.fixed}
     if CONTEXT in settled or CONTEXT in run.job.space.params:
-        skip_stage(run, "context", "context_len is already fixed or searched by the space")
+        skip_stage(run, Stage.CONTEXT, "context_len is already fixed or searched by the space")
         return {}
     longest = run.job.workload.longest_request_tokens
     length = int(math.ceil(longest * 1.1 / 256) * 256)
@@ -627,9 +630,9 @@ def context(run: StudyRun, fixed: dict[str, Any], move: Mapping[str, Any]) -> di
         "the memory it frees goes to the KV cache"
     )
     choice = {**fixed, **move, CONTEXT: length}
-    result = _existing(run, "context", choice) or run.run("context", explicit=choice).summary()
+    result = _existing(run, Stage.CONTEXT, choice) or run.run(Stage.CONTEXT, explicit=choice).summary()
     decision = {CONTEXT: length} if result["outcome"] in (Outcome.OK, Outcome.SLO_VIOLATION) else {}
-    run.set_stage_state("context", StageState(done=True, fixed=decision))
+    run.set_stage_state(Stage.CONTEXT, StageState(done=True, fixed=decision))
     return decision
 
 
@@ -650,8 +653,8 @@ def sequential_stages(run: StudyRun, budget: Mapping[str, int], memory_mode: str
     fixed: dict[str, Any] = {}
     move = slo_first(run, STAGE_BASELINE)
     fixed.update(context(run, fixed, move))
-    move = move or slo_first(run, "context")  # the defaults may first serve with the context set
-    edge = memory_edge(run, budget["memory_edge"], fixed, memory_mode)
+    move = move or slo_first(run, Stage.CONTEXT)  # the defaults may first serve with the context set
+    edge = memory_edge(run, budget[Stage.MEMORY_EDGE], fixed, memory_mode)
     if edge is not None:
         fixed[MEMORY] = edge
     fixed.update(cuda_graph(run, fixed, run.noise().margin, move))

@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import StudyError
 from autotune.search.objective import is_feasible
 from autotune.search.record import INTERRUPTED, WITHDRAWN, TrialRecord, trial_records, validation
+from autotune.search.stage import Stage
 
 __all__ = [
     "best_trial",
@@ -145,7 +146,7 @@ def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
 
 def _feasible_search_run(r: TrialRecord) -> bool:
     # A re-run of a configuration (validation, the baseline's noise runs) is never a candidate itself.
-    return r.stage not in ("validation", "noise") and not r.is_probe and is_feasible(r.outcome, r.constraints)
+    return r.stage not in (Stage.VALIDATION, Stage.NOISE) and not r.is_probe and is_feasible(r.outcome, r.constraints)
 
 
 def primary_value(trial: FrozenTrial) -> float | None:

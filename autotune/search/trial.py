@@ -60,6 +60,7 @@ from autotune.runtime.procfs import send_group
 from autotune.search.diagnosis import WHERE, client_problem, failed_at, in_flight_story, in_flight_text
 from autotune.search.objective import Score, score
 from autotune.search.progress import NullProgress, Progress
+from autotune.search.stage import Stage
 
 __all__ = ["GRAPH_FACTS", "NEVER_STOPPED", "TrialResult", "TrialSpec", "early_stop_policy", "graph_facts", "run_trial"]
 
@@ -160,9 +161,9 @@ HEALTH_TIMEOUT_S, HEALTH_MISSES = 3.0, 3  # this many failed health checks in a 
 
 #: Stages whose runs always go to their end: every gain is measured against the baseline and
 #: re-measured by validation, and a memory probe's failure under load is its answer.
-NEVER_STOPPED = frozenset({"baseline", "noise", "validation", "memory_edge"})
+NEVER_STOPPED = frozenset({Stage.BASELINE, Stage.NOISE, Stage.VALIDATION, Stage.MEMORY_EDGE})
 #: Stages whose trials rank against the best so far: the staged method's scenario search, ``--method search``.
-RANKED_STAGES = frozenset({"scenario", "search"})
+RANKED_STAGES = frozenset({Stage.SCENARIO, Stage.SEARCH})
 
 
 def early_stop_policy(
