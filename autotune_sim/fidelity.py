@@ -725,12 +725,12 @@ def record_problems(record: dict[str, dict[str, str]]) -> list[str]:
         if key in validation
     ]
     problems += [
-        f"row {_label(f)!r} is not recorded: add \"{key}\": \"{_label(f)}\" to {RECORD.name}"
+        f'row {_label(f)!r} is not recorded: add "{key}": "{_label(f)}" to {RECORD.name}'
         for key, f in validation.items()
         if key not in record["validation"]
     ]
     problems += [
-        f"row {_label(f)!r} moved to the fitted set: add \"{key}\": \"{_label(f)}\" to its \"fitted\" section"
+        f'row {_label(f)!r} moved to the fitted set: add "{key}": "{_label(f)}" to its "fitted" section'
         for key, f in fitted.items()
         if f.moved is not None and key not in record["fitted"]
     ]

@@ -146,12 +146,8 @@ def to_bash(rec: LaunchRecord) -> str:
         "#!/usr/bin/env bash",
         _comment(f"Exported by autotune {__version__} from study {rec.study}, trial {rec.trial}."),
     ]
-    if rec.summary:
-        lines.append(_comment(rec.summary))
-    if rec.verdict:
-        lines.append(_comment(f"Against the engine's defaults, side by side: {rec.verdict}."))
+    lines += _what_it_measured(rec)
     if rec.simulated:
-        lines.append(_comment(SIMULATED_NOTE))
         lines.append(_comment(report_sentence()))
     lines.append(_comment(_daemon_note(rec)))
     lines.append(_comment(f"Generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}."))
@@ -169,6 +165,15 @@ def to_bash(rec: LaunchRecord) -> str:
     lines.append("exec " + " \\\n  ".join(_pair_flags(words)))
     del port  # the trial's port is throwaway; $PORT replaces it
     return "\n".join(lines) + "\n"
+
+
+def _what_it_measured(rec: LaunchRecord) -> list[str]:
+    """A script's comment lines on what the trial measured: its value, the verdict against the
+    defaults, and whether it was the simulator."""
+    said = [rec.summary] if rec.summary else []
+    said += [f"Against the engine's defaults, side by side: {rec.verdict}."] if rec.verdict else []
+    said += [SIMULATED_NOTE] if rec.simulated else []
+    return [_comment(text) for text in said]
 
 
 def _daemon_note(rec: LaunchRecord) -> str:
@@ -313,12 +318,7 @@ def to_docker(rec: LaunchRecord) -> str:
         "#!/usr/bin/env bash",
         _comment(f"Exported by autotune {__version__} from study {rec.study}, trial {rec.trial} ({rec.engine} image)."),
     ]
-    if rec.summary:
-        head.append(_comment(rec.summary))
-    if rec.verdict:
-        head.append(_comment(f"Against the engine's defaults, side by side: {rec.verdict}."))
-    if rec.simulated:
-        head.append(_comment(SIMULATED_NOTE))
+    head += _what_it_measured(rec)
     if rec.device == "cpu":
         head.append(_comment(f"Tuned on a CPU build: {image} is vLLM's CPU release image (x86_64); no GPU is used."))
     if warning:

@@ -13,7 +13,7 @@ from autotune.errors import ConfigError
 from autotune.report.console import cut
 from autotune.report.export import LaunchRecord, render
 from autotune.report.summary import SERVED, no_winner_text
-from autotune.search.record import study_config, trial_record, validation, verdict
+from autotune.search.record import study_config, trial_record, validation, verdict_on
 from autotune.search.storage import best_trial, primary_value
 
 __all__ = [
@@ -109,8 +109,7 @@ def launch_record(study: optuna.Study, trial: optuna.trial.FrozenTrial, *, force
 
 def _verdict_line(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> str:
     """The study's paired verdict against the defaults, when this trial is the one it judged."""
-    said = verdict(study) or {}
-    return str(said.get("line", "")) if said.get("winner") == trial.number else ""
+    return str(verdict_on(study, trial.number).get("line", ""))
 
 
 def export_trial(

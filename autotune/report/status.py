@@ -39,7 +39,7 @@ from autotune.search.record import (
     trial_record,
     trial_records,
     validation,
-    verdict,
+    verdict_on,
 )
 from autotune.search.stage import Stage
 from autotune.search.stages import CONTEXT, graph_sizes, plan_budget
@@ -235,9 +235,8 @@ def print_best(study: optuna.Study, best: optuna.trial.FrozenTrial) -> None:
         highlight=False,
     )
     console.print("flags: " + (flags_text(trial_record(best).flags) or "(engine defaults)"), highlight=False)
-    said = verdict(study)
-    if said and said.get("winner") == best.number:
-        console.print(said["line"], highlight=False)
+    if line := verdict_on(study, best.number).get("line"):
+        console.print(line, highlight=False)
 
 
 def stopped_line(study: optuna.Study) -> str | None:
@@ -252,8 +251,8 @@ def stopped_line(study: optuna.Study) -> str | None:
 def export_note(study: optuna.Study, best: optuna.trial.FrozenTrial) -> str:
     """The verdict on the exported winner against the defaults, and what the script holds when
     the winner did not beat them beyond the noise."""
-    said = verdict(study) or {}
-    if said.get("winner") != best.number:
+    said = verdict_on(study, best.number)
+    if not said:
         return ""
     if said.get("beats_defaults") is not False:
         return f" ({said['line']})" if said.get("line") else ""

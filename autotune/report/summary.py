@@ -35,7 +35,7 @@ from autotune.search.record import (
     study_config,
     trial_record,
     trial_records,
-    verdict,
+    verdict_on,
 )
 from autotune.search.stage import Stage
 from autotune.search.storage import best_trial, primary_value
@@ -578,7 +578,7 @@ def summarize(study: optuna.Study) -> StudyReport:
         if win_cdf is not None:
             cdfs["winner"] = win_cdf
     objective = str(objective_cfg.get("metric", "output_throughput"))
-    noise, said = study_noise(trials, objective), verdict(study) or {}
+    noise, said = study_noise(trials, objective), verdict_on(study, getattr(winner, "number", None))
     return StudyReport(
         name=study.study_name,
         simulated=bool(engine_cfg.get("simulated")),
@@ -603,8 +603,8 @@ def summarize(study: optuna.Study) -> StudyReport:
         # What each methodology stage decided (or why it was skipped), as the tuning loop stored it.
         stage_states={name: state.to_json() for name, state in stage_states(study).items()},
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        verdict_line=str(said.get("line", "")) if said.get("winner") == getattr(winner, "number", None) else "",
-        beats_defaults=said.get("beats_defaults") if said.get("winner") == getattr(winner, "number", None) else None,
+        verdict_line=str(said.get("line", "")),
+        beats_defaults=said.get("beats_defaults"),
         stopped_line=str((stopped(study) or {}).get("line", "")),
         search_stall=search_stall(study),
         noise_line=noise.describe(),

@@ -48,6 +48,7 @@ __all__ = [
     "trial_records",
     "validation",
     "verdict",
+    "verdict_on",
     "weight_daemon",
     "write_trial",
 ]
@@ -234,6 +235,13 @@ def verdict(study: optuna.Study) -> dict[str, Any] | None:
     """Whether the winner beat the engine's defaults beyond the noise (``search/verdict.py``)."""
     value = study.user_attrs.get("verdict")
     return dict(value) if value else None
+
+
+def verdict_on(study: optuna.Study, number: int | None) -> dict[str, Any]:
+    """The verdict when it judged trial ``number`` (the study's winner), else {}: a verdict is
+    never shown beside another trial."""
+    said = verdict(study) or {}
+    return said if number is not None and said.get("winner") == number else {}
 
 
 def set_verdict(study: optuna.Study, value: Mapping[str, Any]) -> None:

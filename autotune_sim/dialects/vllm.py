@@ -19,6 +19,7 @@ It behaves as ``vllm serve`` / ``python -m vllm.entrypoints.openai.api_server`` 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import os
@@ -685,6 +686,7 @@ class VllmDialect(Dialect):
         self._next_log = 0.0
         self._log_base = (0, 0, 0, 0)
         self._graph_stats: dict[tuple[int, int, int, str], int] = {}
+        self._sizes = sorted(self.cfg.capture_sizes)  # once: every step looks its padded size up
         if s.faults.crash_after_s is not None:
             self.rt.later(s.faults.crash_after_s, lambda: group.engines[0].die(Fatal("crash")))
 
@@ -835,7 +837,7 @@ class VllmDialect(Dialect):
         """The periodic ``Engine 000:`` line (never a preemption line: vLLM logs none), and with
         ``--cudagraph-metrics`` the table of the interval's steps by token count and graph mode."""
         if self.cfg.cudagraph_metrics and self.cfg.log_stats:
-            stat = graph_stat(batch.shape.tokens, batch.shape.graph, self.cfg.capture_sizes)
+            stat = graph_stat(batch.shape.tokens, batch.shape.graph, self._sizes)
             self._graph_stats[stat] = self._graph_stats.get(stat, 0) + 1
         if not self.cfg.log_stats or now < self._next_log:
             return
@@ -983,10 +985,11 @@ def _extensible(plan: VllmMemoryPlan, m: VllmMemory) -> VllmMemoryPlan:
 # ------------------------------------------------------------------------------ --cudagraph-metrics
 def graph_stat(tokens: int, graph: GraphMode, sizes: list[int]) -> tuple[int, int, int, str]:
     """One step as vLLM's ``CUDAGraphStat``: unpadded and padded tokens, paddings, runtime mode.
-    A graphed step is padded up to the smallest captured size that holds it."""
+    A graphed step is padded up to the smallest captured size that holds it (``sizes`` sorted)."""
     if graph is GraphMode.EAGER:
         return tokens, tokens, 0, "NONE"
-    padded = min((size for size in sizes if size >= tokens), default=tokens)
+    at = bisect.bisect_left(sizes, tokens)
+    padded = sizes[at] if at < len(sizes) else tokens
     return tokens, padded, padded - tokens, graph.name
 
 

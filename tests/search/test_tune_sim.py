@@ -24,7 +24,7 @@ from autotune.search import trial as trial_module
 from autotune.search.record import WITHDRAWN, validation
 from autotune.search.runner import StudyRun
 from autotune.search.storage import best_trial, load_study, superseded
-from autotune.search.tune import run_study
+from autotune.search.tune import TuneJob, run_study
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
@@ -160,14 +160,19 @@ def test_sglang_0_5_15_study_reads_graph_sizes_from_the_begin_line_and_readies_o
     assert all(g["token_usage"]["samples"] >= 2 and 0 < g["token_usage"]["peak"] <= 1 for g in sampled)
 
 
-def test_graph_stage_stops_once_every_decode_step_ran_in_a_graph(tmp_path: Path) -> None:
-    # At concurrency 4 a captured max of 8 already covers every decode batch (SGLang's pass counter).
+def _sglang_graph_job(tmp_path: Path) -> TuneJob:
+    """A staged SGLang study whose graph sizes are 8, 16 and 32, at concurrency 4."""
     space = {"params": {"cuda_graph_max_bs": {"type": "categorical", "choices": [8, 16, 32]}}}
     workload = {**WORKLOAD, "arrival": {"concurrency": 4}, "num_prompts": 16}
-    job = _job(
+    return _job(
         tmp_path, space, engine=sim_engine("sglang"), workload=workload, method="staged", trials=2, finalists=1,
         validation_runs=1,
     )  # fmt: skip
+
+
+def test_graph_stage_stops_once_every_decode_step_ran_in_a_graph(tmp_path: Path) -> None:
+    # At concurrency 4 a captured max of 8 already covers every decode batch (SGLang's pass counter).
+    job = _sglang_graph_job(tmp_path)
     run_study(job)
     study = load_study("t", job.storage_url)
     graph_trials = [t for t in study.trials if t.user_attrs["stage"] == "cuda_graph"]
@@ -418,12 +423,7 @@ def test_a_study_resumed_mid_graph_stage_runs_the_sizes_an_uninterrupted_one_run
     # The uninterrupted study runs only size 8 (test above: its pass counter shows full coverage).
     # Stopped right after that run and resumed, the study must read the same evidence from the
     # stored trial, not run 16 and 32.
-    space = {"params": {"cuda_graph_max_bs": {"type": "categorical", "choices": [8, 16, 32]}}}
-    workload = {**WORKLOAD, "arrival": {"concurrency": 4}, "num_prompts": 16}
-    job = _job(
-        tmp_path, space, engine=sim_engine("sglang"), workload=workload, method="staged", trials=2, finalists=1,
-        validation_runs=1,
-    )  # fmt: skip
+    job = _sglang_graph_job(tmp_path)
     run = StudyRun.run
 
     def stop_after_a_graph_size(self: StudyRun, stage: str, **kw: Any) -> Any:
