@@ -834,6 +834,13 @@ class StudySettings(StrictModel):
         "noise every decision allows for (0: none; trials are then never cut as unable to win until re-runs "
         "measure it).",
     )
+    stable_within: float | None = Field(
+        default=0.05,
+        gt=0,
+        lt=1,
+        description="A real engine's run is lengthened (up to about a minute) until its throughput is known within "
+        "this fraction (95 % interval over one-second buckets); null: each run serves the workload as declared.",
+    )
     stall_timeout_s: float = Field(default=120.0, gt=0, description="Kill an engine that streams no token this long.")
     bench_timeout_s: float | None = Field(default=None, gt=0, description="Cap on one benchmark run.")
     method: Literal["staged", "search", "memory"] = Field(

@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from autotune.bench.metrics import request_slos
 from autotune.config import UniformLength, Workload
 from autotune.errors import BenchmarkError, ConfigError
 
@@ -30,8 +31,6 @@ VLLM_BENCH = (
     "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
 )
 RESULT_FILE = "result.json"
-# vLLM's --goodput takes per-request bounds on these metrics only.
-_GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
 
 def _uniform(dist: Any, what: str) -> UniformLength:
@@ -67,7 +66,7 @@ def _vllm_args(w: Workload, model: str, base_url: str, out_dir: Path) -> list[st
     args += _vllm_load(w)
     args += ["--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", PERCENTILES]
     args += ["--disable-tqdm", "--save-result", "--result-dir", str(out_dir), "--result-filename", RESULT_FILE]
-    goodput = [f"{m}:{bound:g}" for m, bound in _slo_bounds(w).items() if m in _GOODPUT_METRICS]
+    goodput = [f"{m}:{bound:g}" for m, bound in request_slos(w.slos).items()]
     return args + (["--goodput", *goodput] if goodput else [])
 
 
@@ -80,15 +79,6 @@ def _vllm_load(w: Workload) -> list[str]:
                 "--ramp-up-end-rps", f"{r.end_rps:g}"]  # fmt: skip
     rate = "inf" if math.isinf(a.request_rate) else f"{a.request_rate:g}"
     return [*args, "--request-rate", rate, "--burstiness", f"{a.burstiness:g}"]
-
-
-def _slo_bounds(w: Workload) -> dict[str, float]:
-    """Per-request goodput bounds from the SLOs: the tightest bound named for each metric."""
-    bounds: dict[str, float] = {}
-    for key, bound in w.slos.items():
-        metric = key.split("_")[1]
-        bounds[metric] = min(bound, bounds.get(metric, bound))
-    return bounds
 
 
 def _sglang_lengths(dist: UniformLength) -> tuple[int, float]:

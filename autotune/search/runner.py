@@ -57,7 +57,7 @@ from autotune.search.space import distribution, finite_points, fits, suggest, su
 from autotune.search.stage import Stage
 from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded
 from autotune.search.trial import TrialResult, TrialSpec, early_stop_policy, run_trial
-from autotune.search.verdict import paired_gains, paired_verdict
+from autotune.search.verdict import paired_gains, paired_verdict, slo_misses
 from autotune.search.weightcache import WeightCache
 
 __all__ = ["Placement", "StudyRun", "Withdrawn", "redact_env", "worker_id"]
@@ -73,7 +73,6 @@ DEFAULTS = "defaults"  # the ``validates`` key of validation runs of the engine'
 RELEASE_TIMEOUT_S = 120.0
 #: How long a new trial waits for the start records of trials asked just before it.
 START_RECORD_WAIT_S = 10.0
-STABLE_WITHIN = 0.05  # a run's throughput must be known within ±5 % (95 %), or the run is lengthened
 # Environment names that hold secrets: recorded as a reference to the variable, never by value.
 _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
@@ -346,7 +345,7 @@ class StudyRun:
                     quality_reference=None if stage == STAGE_BASELINE else self._quality_reference(),
                     cpus=self.cpus,
                     # Real engines only: the simulator's runs are deterministic and its clock compressed.
-                    stable_within=None if self.job.engine.simulated or probe else STABLE_WITHIN,
+                    stable_within=None if self.job.engine.simulated or probe else self.job.study.stable_within,
                     judge_client=not probe,
                     judge_host=self.job.study.judge_host and not self.job.engine.simulated,
                     early_stop=early_stop_policy(
@@ -552,9 +551,13 @@ class StudyRun:
         if best is None or not finalists:
             return
         sign = 1.0 if self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
-        pairs = paired_gains(self.validation_runs(defaults_key), self.validation_runs(best.number), sign)
+        defaults, winner = self.validation_runs(defaults_key), self.validation_runs(best.number)
+        # Goodput already counts only the requests that met their bounds (bench/metrics.py).
+        priced = self.job.workload.objective.metric == "request_goodput"
+        pairs = paired_gains(defaults, winner, sign, priced=priced)
         is_defaults = not trial_record(best).params
-        set_verdict(self.study, paired_verdict(best.number, pairs, winner_is_defaults=is_defaults))
+        misses = slo_misses(defaults, winner) if self.job.workload.slos else None
+        set_verdict(self.study, paired_verdict(best.number, pairs, winner_is_defaults=is_defaults, misses=misses))
 
     def finalists(self, n: int) -> list[FrozenTrial]:
         candidates = feasible_trials(self.study)

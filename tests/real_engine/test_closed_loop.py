@@ -56,10 +56,13 @@ def _tune_cmd(results: Path, vllm_python: str, tiny_model: str) -> list[str]:
         "--seed",
         "0",
         # The subject is kill, resume and export: no second launch of the defaults for the noise,
-        # and no re-run for another test's engine sharing the cores (`make test` runs two at once).
+        # no re-run for another test's engine sharing the cores (`make test` runs two at once), and
+        # no run lengthened until its throughput is pinned.
         "--noise-runs",
         "0",
         "--no-host-check",
+        "--stable-within",
+        "0",
     ]
 
 

@@ -214,6 +214,8 @@ def _job(tmp_path: Path, vllm_python: str, tiny_model: str, census: Census, **st
     # `make test` runs this tier two at a time, so another test's engine shares these cores by
     # design: the runs are not judged for it (the subject is the fault, not the throughput).
     study.setdefault("judge_host", False)
+    # Nor lengthened until their throughput is pinned: each serves its declared prompts once.
+    study.setdefault("stable_within", None)
     return TuneJob(
         engine=engine,
         space=parse_model(SearchSpace, SPACE, "space"),

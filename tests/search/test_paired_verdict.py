@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from autotune.search.verdict import paired_gains, paired_verdict
+from autotune.search.verdict import paired_gains, paired_verdict, slo_misses
 
 
 def _run(value: float | None, outcome: str = "ok") -> FrozenTrial:
@@ -43,3 +43,38 @@ def test_one_pair_has_no_measured_noise_and_the_defaults_winning_is_said() -> No
     assert "noise is not measured" in paired_verdict(4, [0.3])["line"]
     assert paired_verdict(0, [], winner_is_defaults=True)["line"].startswith("the engine's defaults won")
     assert paired_verdict(4, [])["beats_defaults"] is None
+
+
+def _missed(value: float) -> FrozenTrial:
+    """A served run that missed its p95 TTFT SLO by a fifth."""
+    return create_trial(value=value, user_attrs={"outcome": "ok", "constraints": {"p95_ttft_ms": 0.2}})
+
+
+def test_a_goodput_objective_pairs_rounds_where_the_defaults_missed_the_slos() -> None:
+    defaults = [_missed(30.0), _missed(32.0), _run(34.0)]
+    winner = [_run(36.0), _run(36.0), _run(36.0)]
+    # Goodput counts only the requests that met their bounds: a missed SLO is already in the value.
+    assert paired_gains(defaults, winner, 1.0, priced=True) == pytest.approx([0.2, 0.125, 36 / 34 - 1])
+    # Any other objective compares only rounds that both served within the SLOs.
+    assert paired_gains(defaults, winner, 1.0) == pytest.approx([36 / 34 - 1])
+    misses = slo_misses(defaults, winner)
+    assert misses == {"rounds": 3, "defaults": 2, "winner": 0}
+    verdict = paired_verdict(4, paired_gains(defaults, winner, 1.0, priced=True), misses=misses)
+    assert verdict["beats_defaults"] is True
+    assert verdict["line"].endswith("; the defaults missed the SLOs in 2 of 3 rounds, the winner in 0")
+
+
+def test_defaults_that_missed_the_slos_in_every_round_are_beaten_outright() -> None:
+    defaults = [_missed(3000.0), _missed(3100.0)]
+    winner = [_run(2500.0), _run(2600.0)]
+    misses = slo_misses(defaults, winner)
+    verdict = paired_verdict(4, paired_gains(defaults, winner, 1.0), misses=misses)
+    assert verdict["beats_defaults"] is True
+    assert verdict["line"] == (
+        "the engine's defaults missed the workload's SLOs in both rounds beside the winner, which met them"
+    )
+    # One round measures no noise; a winner that missed once is not beating them outright.
+    one = paired_verdict(4, [], misses=slo_misses(defaults[:1], winner[:1]))
+    assert one["beats_defaults"] is None and "one round" in one["line"]
+    mixed = slo_misses(defaults, [_run(2500.0), _missed(2600.0)])
+    assert paired_verdict(4, [], misses=mixed)["beats_defaults"] is None
