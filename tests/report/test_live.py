@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from autotune.report.live import LiveProgress
+from autotune.config import Workload, parse_model
+from autotune.report.live import LiveProgress, shown_metrics
 
 
 def _finished(summary: dict) -> str:
@@ -40,3 +41,22 @@ def test_a_full_run_reads_as_before() -> None:
         }
     )
     assert line.startswith("trial 2 → ok: 2,845.8 tok/s, p95 TTFT 108 ms (start 0s")
+
+
+def test_a_goodput_study_under_a_p90_slo_shows_its_objective_and_its_slo() -> None:
+    workload = parse_model(
+        Workload, {"slos": {"p90_ttft_ms": 150}, "objective": {"metric": "request_goodput"}}, "workload"
+    )
+    assert shown_metrics(workload) == ("request_goodput", "p90_ttft_ms")
+    assert shown_metrics(parse_model(Workload, {}, "workload")) == ("p95_ttft_ms",)
+    console = Console(force_terminal=False, width=400, soft_wrap=True, color_system=None)
+    summary = {
+        "number": 4,
+        "stage": "scenario",
+        "outcome": "slo_violation",
+        "metrics": {"output_throughput": 1531.0, "request_goodput": 12.3, "p90_ttft_ms": 234.4, "p95_ttft_ms": 278},
+    }
+    with console.capture() as captured:
+        LiveProgress(console, shown=shown_metrics(workload)).trial_finished(summary)
+    line = captured.get().strip()
+    assert line.startswith("trial 4 → slo_violation: 1,531.0 tok/s, goodput 12.3 req/s, p90 TTFT 234 ms (start")

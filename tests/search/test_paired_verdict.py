@@ -47,7 +47,7 @@ def test_one_pair_has_no_measured_noise_and_the_defaults_winning_is_said() -> No
 
 def _missed(value: float) -> FrozenTrial:
     """A served run that missed its p95 TTFT SLO by a fifth."""
-    return create_trial(value=value, user_attrs={"outcome": "ok", "constraints": {"p95_ttft_ms": 0.2}})
+    return create_trial(value=value, user_attrs={"outcome": "slo_violation", "constraints": {"p95_ttft_ms": 0.2}})
 
 
 def test_a_goodput_objective_pairs_rounds_where_the_defaults_missed_the_slos() -> None:
