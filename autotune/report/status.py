@@ -258,6 +258,13 @@ def export_note(study: optuna.Study, best: optuna.trial.FrozenTrial) -> str:
         return f" ({said['line']})" if said.get("line") else ""
     if not trial_record(best).params:
         return " (the engine's defaults: no candidate beat them)"
+    misses = said.get("slo_misses") or {}
+    if misses.get("defaults", 0) > misses.get("winner", 0):
+        return (
+            " (the winner's flags; their gain over the engine's defaults is within the measured noise, but "
+            f"the defaults missed the SLOs in {misses['defaults']} of {misses['rounds']} rounds, these flags "
+            f"in {misses['winner']})"
+        )
     return (
         " (the winner's flags; they did not beat the engine's defaults beyond the measured noise, "
         "so the defaults serve as well)"

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from autotune.report.status import export_note
+from autotune.search.record import set_verdict
 from autotune.search.verdict import paired_gains, paired_verdict, slo_misses
 
 
@@ -78,3 +81,17 @@ def test_defaults_that_missed_the_slos_in_every_round_are_beaten_outright() -> N
     assert one["beats_defaults"] is None and "one round" in one["line"]
     mixed = slo_misses(defaults, [_run(2500.0), _missed(2600.0)])
     assert paired_verdict(4, [], misses=mixed)["beats_defaults"] is None
+
+
+def test_the_launch_script_line_never_says_defaults_that_missed_the_slos_serve_as_well() -> None:
+    study = optuna.create_study(direction="maximize")
+    best = create_trial(value=33.1, user_attrs={"outcome": "ok", "constraints": {}, "params": {"max_running": 47}})
+    study.add_trial(best)
+    best = study.trials[0]
+    misses = {"rounds": 3, "defaults": 2, "winner": 0}
+    set_verdict(study, paired_verdict(best.number, [0.48, 0.146, -0.057], misses=misses))
+    note = export_note(study, best)
+    assert "serve as well" not in note
+    assert note.endswith("but the defaults missed the SLOs in 2 of 3 rounds, these flags in 0)")
+    set_verdict(study, paired_verdict(best.number, [0.48, 0.146, -0.057]))
+    assert "so the defaults serve as well" in export_note(study, best)
