@@ -28,7 +28,7 @@ demo: setup engine
 	$(AUTOTUNE) tune --study demo-vllm-cpu --engine vllm \
 	  --python $(AUTOTUNE_VLLM_VENV)/bin/python --model $(AUTOTUNE_TINY_MODEL) \
 	  --env VLLM_CPU_KVCACHE_SPACE=1 --env HF_HUB_OFFLINE=1 \
-	  --space vllm-cpu --workload cpu-slo --trials 6 --finalists 1 --validation-runs 3 --seed 0
+	  --space vllm-cpu --workload cpu-slo --trials 6 --finalists 1 --validation-runs 3 --stable-within 0.1 --seed 0
 
 # The instant way to try it: the simulated H100 engine, no GPU and no engine install. The workload
 # saturates the engine (256 concurrent streams), so the stages have something to find.
