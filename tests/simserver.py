@@ -21,14 +21,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_simulator(*flags: str, speedup: int = 50) -> Iterator[str]:
-    """``python -m autotune_sim vllm`` with ``flags``; yields its base URL once /health is 200,
-    and kills its process group on the way out."""
+def running_simulator(*flags: str, speedup: int = 50, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``python -m autotune_sim vllm`` with ``flags`` (and ``AUTOTUNE_SIM_*`` settings in ``env``);
+    yields its base URL once /health is 200, and kills its process group on the way out."""
     port = _free_port()
     argv = [sys.executable, "-m", "autotune_sim", "vllm", "--model", "meta-llama/Llama-3.1-8B-Instruct", *flags]
     proc = subprocess.Popen(
         [*argv, "--port", str(port)],
-        env={**os.environ, "AUTOTUNE_SIM_SPEEDUP": str(speedup)},
+        env={**os.environ, **(env or {}), "AUTOTUNE_SIM_SPEEDUP": str(speedup)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

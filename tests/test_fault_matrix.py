@@ -288,9 +288,12 @@ def test_fatal_start_is_classified_and_its_group_killed_not_awaited(tmp_path: Pa
 
 # ------------------------------------------------------------------------------ the tuner's signals
 def _cli(tmp_path: Path, dialect: str, speedup: str) -> list[str]:
+    # 400 answers of 64 tokens at 4 at a time: ~45 modelled seconds, ~9 wall seconds at 5x, room to
+    # signal mid-benchmark. The subject is the signal and the resume: no noise run of the defaults,
+    # no run lengthened until its throughput is pinned.
     wl = tmp_path / "wl.yaml"
     wl.write_text(
-        "name: slow\ndataset: {input_len: 256, output_len: 256}\nnum_prompts: 400\narrival: {concurrency: 4}\n"
+        "name: slow\ndataset: {input_len: 256, output_len: 64}\nnum_prompts: 400\narrival: {concurrency: 4}\n"
     )
     space = tmp_path / "space.yaml"
     space.write_text("params:\n  max_running: {type: categorical, choices: [32, 64]}\n")
@@ -298,7 +301,7 @@ def _cli(tmp_path: Path, dialect: str, speedup: str) -> list[str]:
         sys.executable, "-m", "autotune.cli", "tune", "--study", "c", "--engine", CLI_ENGINE[_kind(dialect)],
         "--model", MODEL, "--method", "search", "--space", str(space), "--workload", str(wl),
         "--trials", "1", "--finalists", "0", "--results", str(tmp_path), "--sim-speedup", speedup,
-        "--env", f"AUTOTUNE_TEST_MARK={tmp_path}",
+        "--noise-runs", "0", "--stable-within", "0", "--env", f"AUTOTUNE_TEST_MARK={tmp_path}",
         *(a for k, v in _release_env(dialect).items() for a in ("--env", f"{k}={v}")),
     ]  # fmt: skip
 
@@ -313,8 +316,9 @@ def _cli(tmp_path: Path, dialect: str, speedup: str) -> list[str]:
 def test_tuner_signal_marks_the_trial_interrupted_and_resume_reruns_it(
     tmp_path: Path, find_engines: Callable[[str, str], list[int]], dialect: str, sig: signal.Signals
 ) -> None:
-    cmd = _cli(tmp_path, dialect, speedup="20")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _cli(tmp_path, dialect, speedup="5"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         # Mid-benchmark: the engine has streamed tokens (not "ready + a guessed second").
         _wait(lambda: _tokens_streamed(tmp_path / "c" / "trials" / "0") or proc.poll() is not None, "the benchmark")
@@ -333,8 +337,9 @@ def test_tuner_signal_marks_the_trial_interrupted_and_resume_reruns_it(
     assert first.state == optuna.trial.TrialState.FAIL
     assert first.user_attrs["outcome"] == "interrupted"
 
-    fast = [c if c != "20" else "200" for c in cmd]
-    done = subprocess.run(fast, capture_output=True, text=True, timeout=300, env={**os.environ})
+    done = subprocess.run(
+        _cli(tmp_path, dialect, speedup="200"), capture_output=True, text=True, timeout=300, env={**os.environ}
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert not find_engines("AUTOTUNE_TEST_MARK", str(tmp_path))
     trials = load_study("c", storage).trials

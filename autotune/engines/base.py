@@ -3,7 +3,7 @@
 An adapter knows one dialect and nothing else. It
 
 * builds the launch argv + env from a flag dict, with the real spellings of the *installed*
-  engine version, discovered from the engine's own ``--help`` (cached per launch command);
+  engine version, discovered from the engine's own ``--help`` (read once per install);
 * maps portable knobs (``memory_fraction``, ``max_running``, ``batched_tokens``,
   ``context_len``, ``cuda_graph_max_bs``) to that dialect's flags;
 * refuses unknown flags before any launch, naming the closest valid spelling;
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from autotune.config import EngineSettings
+from autotune.engines.helpcache import HelpCache
 from autotune.errors import InvalidFlags
 from autotune.outcomes import Outcome
 
@@ -483,29 +484,38 @@ class EngineAdapter(ABC):
         return [python, "-m", self.default_module]
 
     def discover_flags(self, timeout_s: float = 120.0) -> FlagSet:
-        """Run the installed engine's --help once and cache the long options it declares."""
+        """The long options the installed engine's --help declares: read once per install
+        (helpcache.py), then kept by this adapter."""
         if self._flagset is None:
             argv = [*self.launch_prefix(), *self.help_args]
-            env = {**os.environ, **self.settings.env}
-            try:
-                proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
-            except FileNotFoundError:
-                given = "command" if self.settings.command else "python"  # the one the user set
-                given = f"--{given} (engine.{given} in a config file)"
-                raise InvalidFlags(
-                    f"engine command not found: {argv[0]!r}; point {given} at the engine's installed Python or launcher"
-                ) from None
-            except subprocess.TimeoutExpired:
-                raise InvalidFlags(f"`{' '.join(argv)}` did not answer within {timeout_s:.0f}s") from None
-            flags = parse_help_flags(proc.stdout)
-            if proc.returncode != 0 or not flags:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise InvalidFlags(
-                    f"`{' '.join(argv)}` failed (exit {proc.returncode}): {tail[0][:200]}; "
-                    "check engine.python / engine.command"
-                )
-            self._flagset = FlagSet(flags=flags, version=self.version_from_help(proc.stdout))
+            cache = None if self.settings.command else HelpCache.for_engine(self.settings.python, argv)
+            text = cache.read() if cache else None
+            if text is None:
+                text = self._run_help(argv, timeout_s)
+                if cache:
+                    cache.write(text)
+            self._flagset = FlagSet(flags=parse_help_flags(text), version=self.version_from_help(text))
         return self._flagset
+
+    def _run_help(self, argv: list[str], timeout_s: float) -> str:
+        env = {**os.environ, **self.settings.env}
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+        except FileNotFoundError:
+            given = "command" if self.settings.command else "python"  # the one the user set
+            given = f"--{given} (engine.{given} in a config file)"
+            raise InvalidFlags(
+                f"engine command not found: {argv[0]!r}; point {given} at the engine's installed Python or launcher"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise InvalidFlags(f"`{' '.join(argv)}` did not answer within {timeout_s:.0f}s") from None
+        if proc.returncode != 0 or not parse_help_flags(proc.stdout):
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise InvalidFlags(
+                f"`{' '.join(argv)}` failed (exit {proc.returncode}): {tail[0][:200]}; "
+                "check engine.python / engine.command"
+            )
+        return proc.stdout
 
     def version_from_help(self, help_text: str) -> str | None:
         """Engines rarely print their version in --help; subclasses may find it elsewhere."""
