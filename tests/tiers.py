@@ -109,6 +109,30 @@ VIOLATIONS = pytest.StashKey[list[str]]()
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     mark_tiers(items)
+    slow_first(items)
+
+
+def _rank(item: pytest.Item) -> int:
+    """0: one of a group that shares a costly fixture (one worker runs it whole); 1: slow; 2: the rest."""
+    if item.get_closest_marker("xdist_group"):
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
+
+
+def slow_first(items: list[pytest.Item]) -> None:
+    """The heaviest modules run first, each module's tests in their own order.
+
+    xdist hands out work in collection order, and some of the slowest modules (the fault matrix,
+    the README's commands, the early-stop studies) sit at the end of it alphabetically: one of them
+    started last keeps one worker busy for minutes while the others idle. A module ranks as its
+    heaviest test (``_rank``).
+    """
+    rank: dict[str, int] = {}
+    for item in items:
+        name = item.module.__name__ if item.module else ""
+        rank[name] = min(rank.get(name, 2), _rank(item))
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank[item.module.__name__ if item.module else ""], order[id(item)]))
 
 
 def _guard(item: pytest.Item) -> contextlib.AbstractContextManager[None]:

@@ -72,6 +72,7 @@ def _measure(spec: dict[str, Any]) -> dict[int, Any]:
     return results
 
 
+@pytest.mark.slow  # three simulator start-ups, one of them in real time: ~55 s each
 @pytest.mark.parametrize("spec", [CLOSED, PACED], ids=["closed-loop", "paced"])
 def test_the_same_run_gives_the_same_modelled_numbers_at_speedups_1_5_and_20(spec: dict[str, Any]) -> None:
     results = _measure(spec)
