@@ -14,7 +14,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -e '.[dev]'  # byte-compiled on first import: half the install's time
+	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
 # Real vLLM (CPU build) in its own venv + a tiny locally generated model. Idempotent.
