@@ -490,7 +490,7 @@ class EngineAdapter(ABC):
             argv = [*self.launch_prefix(), *self.help_args]
             cache = None if self.settings.command else HelpCache.for_engine(self.settings.python, argv)
             text = cache.read() if cache else None
-            if text is None:
+            if not text:  # none kept, or a file left empty by a full disk: read it again
                 text = self._run_help(argv, timeout_s)
                 if cache:
                     cache.write(text)

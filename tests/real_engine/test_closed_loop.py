@@ -17,6 +17,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from tunerwait import wait_for_trials
 
 from autotune.runtime.procfs import terminate_group
 
@@ -81,24 +82,15 @@ def _tune_cmd(results: Path, vllm_python: str, tiny_model: str) -> list[str]:
 def _wait_for_engine_of_trial(
     results: Path, number: int, timeout_s: float, tuner: subprocess.Popen[str], log: Path
 ) -> None:
-    storage = f"sqlite:///{results / 'loop' / 'study.db'}"
-    deadline = time.monotonic() + timeout_s
-    trials: list[optuna.trial.FrozenTrial] = []
-    while time.monotonic() < deadline and tuner.poll() is None:
-        time.sleep(1)
-        if not (results / "loop" / "manifest.json").exists():
-            continue  # the tuner writes it once the study exists: opening the database earlier races its creation
-        try:
-            trials = optuna.load_study(study_name="loop", storage=storage).trials
-        except Exception:  # the study may not exist yet
-            continue
-        if len(trials) > number and "engine_pgid" in trials[number].user_attrs:
-            return
-    seen = [(t.number, t.state.name, t.user_attrs.get("outcome"), t.user_attrs.get("reason")) for t in trials]
-    pytest.fail(
-        f"trial {number} never launched its engine (tuner exit {tuner.poll()}; trials {seen}):\n"
-        + log.read_text()[-3000:]
+    launched, trials = wait_for_trials(
+        tuner, results, "loop", lambda ts: len(ts) > number and "engine_pgid" in ts[number].user_attrs, timeout_s
     )
+    if not launched:
+        seen = [(t.number, t.state.name, t.user_attrs.get("outcome"), t.user_attrs.get("reason")) for t in trials]
+        pytest.fail(
+            f"trial {number} never launched its engine (tuner exit {tuner.poll()}; trials {seen}):\n"
+            + log.read_text()[-3000:]
+        )
 
 
 def test_kill_resume_export(

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 import pytest
 from simstudy import sim_engine, sim_job
+from tunerwait import wait_for_trials
 
 from autotune.errors import ConfigError
 from autotune.report.status import launch_plan, stopped_line
@@ -192,25 +193,17 @@ def _sim_processes(results: Path) -> list[int]:
     return out
 
 
-def _wait_for_a_trials_engine(tuner: subprocess.Popen[bytes], results: Path, storage: str) -> None:
+def _wait_for_a_trials_engine(tuner: subprocess.Popen[bytes], results: Path) -> None:
     """Until a trial after the baseline runs with its engine up (fails the test after 400 s,
     generous for a busy machine, or when the tuner ends first)."""
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline and tuner.poll() is None:
-        time.sleep(0.5)
-        if not (results / "k" / "manifest.json").exists():
-            continue  # the tuner writes it once the study exists: opening the database earlier races its creation
-        try:
-            trials = optuna.load_study(study_name="k", storage=storage).trials
-        except (KeyError, Exception):
-            continue
-        running = [
-            t for t in trials[1:] if t.state == optuna.trial.TrialState.RUNNING and "engine_pgid" in t.user_attrs
-        ]
-        if running and trials[0].state.is_finished() and _sim_processes(results):
-            return
-    tuner.kill()
-    pytest.fail("the tuner never ran a trial after its baseline with the engine up")
+
+    def engine_up(trials: list[optuna.trial.FrozenTrial]) -> bool:
+        running = [t for t in trials[1:] if t.state.name == "RUNNING" and "engine_pgid" in t.user_attrs]
+        return bool(running) and trials[0].state.is_finished() and bool(_sim_processes(results))
+
+    if not wait_for_trials(tuner, results, "k", engine_up, timeout_s=400)[0]:
+        tuner.kill()
+        pytest.fail("the tuner never ran a trial after its baseline with the engine up")
 
 
 def test_kill_9_mid_trial_then_resume(tmp_path: Path) -> None:
@@ -249,7 +242,7 @@ def test_kill_9_mid_trial_then_resume(tmp_path: Path) -> None:
     env = {**os.environ, "AUTOTUNE_SIM_SEED": "0", "MARK_RESULTS": str(tmp_path)}
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     storage = f"sqlite:///{tmp_path / 'k' / 'study.db'}"
-    _wait_for_a_trials_engine(first, tmp_path, storage)
+    _wait_for_a_trials_engine(first, tmp_path)
     # A second run of the live study is refused in one line and touches nothing of the first: the
     # first runs on, and no trial of it is interrupted (what a second run resuming the study would
     # make of the first's running trial).
@@ -260,7 +253,7 @@ def test_kill_9_mid_trial_then_resume(tmp_path: Path) -> None:
     outcomes = [t.user_attrs.get("outcome") for t in optuna.load_study(study_name="k", storage=storage).trials]
     assert "interrupted" not in outcomes, outcomes
     # On a loaded host the refused run can outlast the trial it found running: wait for one again.
-    _wait_for_a_trials_engine(first, tmp_path, storage)
+    _wait_for_a_trials_engine(first, tmp_path)
     first.send_signal(signal.SIGKILL)
     first.wait()
     # The engine dies with its tuner (runtime/guard.py): gone within 5 s, before any resume.
