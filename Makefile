@@ -58,10 +58,10 @@ postgres:
 # Lint, types, and every tier (unit, sim, real_engine) with the browser render and PostgreSQL:
 # nothing a README sentence leans on may skip (each AUTOTUNE_REQUIRE_* turns its skip into a
 # failure). Three phases, each closing with its skip summary (-ra) and its 15 slowest tests:
-# 1. unit and sim, four at a time: a simulated run is measured in the simulator's modelled time,
+# 1. unit and sim, six at a time: a simulated run is measured in the simulator's modelled time,
 #    so a loaded host does not change its numbers, and a simulated study waits on its engine much
-#    of the time, so four workers keep two cores busy where two left a third idle (9.2 min against
-#    13.4 here); a module whose tests share one costly fixture is an xdist group, on one worker;
+#    of the time: two workers left a third of the two cores idle (13.4 min), four 14 % (9.2 min),
+#    six 4 % (8.6 min); a module whose tests share one costly fixture is an xdist group, on one worker;
 # 2. the tests marked `alone`, one by one on an otherwise idle host: they make wall-clock promises
 #    (the client pinned to its own core is never starved; a busy loop on the engine's core is seen);
 # 3. the real engine's tier, two at a time: its tests assert what an engine start, a fault or a
@@ -69,7 +69,7 @@ postgres:
 TEST_ENV = AUTOTUNE_REQUIRE_REAL_ENGINE=1 AUTOTUNE_REQUIRE_BROWSER=1 AUTOTUNE_REQUIRE_POSTGRES=1
 PYTEST = $(TEST_ENV) $(VENV)/bin/pytest -q --durations=15
 test: setup engine lint browser postgres
-	$(PYTEST) -n 4 --dist loadgroup -m "not real_engine and not alone"
+	$(PYTEST) -n 6 --dist loadgroup -m "not real_engine and not alone"
 	$(PYTEST) -m "alone"
 	$(PYTEST) -n 2 --dist loadgroup -m "real_engine and not alone"
 

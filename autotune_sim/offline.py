@@ -8,7 +8,7 @@ finished. Used by the calibration checks and usable by a planner to pre-screen c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autotune_sim.perf import PerfModel
@@ -39,7 +39,7 @@ def simulate(
     *,
     requests: int,
     concurrency: int,
-    prompt: Callable[[int], list[int]],
+    prompt: Callable[[int], Sequence[int]],
     output_len: int,
     max_steps: int = 1_000_000,
 ) -> OfflineResult:

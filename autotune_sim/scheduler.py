@@ -31,7 +31,7 @@ import random
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from autotune_sim.kvcache import ANON, BlockPool
@@ -255,8 +255,13 @@ class Scheduler(ABC):
         req.preemptions += 1
         self.waiting.appendleft(req)
 
+    @classmethod
+    def _shape(cls, items: list[tuple[SimRequest, int]], graph: GraphMode) -> StepShape:
+        return StepShape(*cls._counts(items), graph)
+
     @staticmethod
-    def _shape(items: list[tuple[SimRequest, int]], graph: GraphMode) -> StepShape:
+    def _counts(items: list[tuple[SimRequest, int]]) -> tuple[int, int, int, float, int, int]:
+        """A step's ``StepShape`` fields but its launch mode."""
         tokens = decode_seqs = decode_ctx = prefill_ctx = sampled = 0
         attn = 0.0
         for req, n in items:
@@ -271,7 +276,7 @@ class Scheduler(ABC):
             prefill_ctx += computed
             if computed + n == len(req.prompt) + req.generated:
                 sampled += 1
-        return StepShape(tokens, decode_seqs, decode_ctx, attn, prefill_ctx, sampled, graph)
+        return tokens, decode_seqs, decode_ctx, attn, prefill_ctx, sampled
 
 
 # ------------------------------------------------------------------------------------ vLLM
@@ -313,23 +318,23 @@ class VllmScheduler(Scheduler):
     def schedule(self, now: float) -> Batch | None:
         budget = self.budget
         items: list[tuple[SimRequest, int]] = []
-        preempted = self._schedule_running(items, budget)
-        budget -= sum(n for _, n in items)
+        preempted, budget = self._schedule_running(items, budget)
         if not preempted:
             self._admit_waiting(items, budget, now)
         if not items:
             return None
-        shape = self._shape(items, GraphMode.EAGER)
-        decode_only = shape.decode_seqs == len(items)
-        shape = replace(shape, graph=self._graph(shape.tokens, decode_only))
+        counts = self._counts(items)
+        decode_only = counts[1] == len(items)  # every item decodes one token
+        shape = StepShape(*counts, self._graph(counts[0], decode_only))
         return Batch(items, shape, "decode" if decode_only else "mixed")
 
     def _cap(self, n: int, budget: int) -> int:
         n = min(n, budget)
         return min(n, self.threshold) if self.threshold else n
 
-    def _schedule_running(self, items: list[tuple[SimRequest, int]], budget: int) -> bool:
-        """Schedule running requests first; preempt from the back when blocks run out."""
+    def _schedule_running(self, items: list[tuple[SimRequest, int]], budget: int) -> tuple[bool, int]:
+        """Schedule running requests first; preempt from the back when blocks run out. Returns
+        whether it preempted, and the token budget left."""
         running, pool, bs, threshold = self.running, self.pool, self.bs, self.threshold
         preempted = False
         i = 0
@@ -350,13 +355,13 @@ class VllmScheduler(Scheduler):
                     self.stats.preemptions += 1
                     preempted = True
                     if victim is req:
-                        return preempted
+                        return preempted, budget
                 pool.allocate(need)
                 req.blocks.extend([ANON] * need)
             items.append((req, n))
             budget -= n
             i += 1
-        return preempted
+        return preempted, budget
 
     def _victim(self, first_unscheduled: int) -> SimRequest:
         if not self.priority:

