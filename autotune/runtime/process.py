@@ -52,7 +52,7 @@ from autotune.runtime.procfs import (
     terminate_group,
 )
 
-__all__ = ["EngineProcess"]
+__all__ = ["EngineProcess", "exit_text"]
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ class EngineProcess:
         if proc.poll() is not None:
             self._join_reader(_READER_JOIN_S)
             raise EngineStartupError(
-                f"engine exited ({_exit_text(proc.returncode)}) before ready; see {self.log_path}",
+                f"engine exited ({exit_text(proc.returncode)}) before ready; see {self.log_path}",
                 returncode=proc.returncode,
                 log_path=self.log_path,
             )
@@ -385,7 +385,7 @@ class EngineProcess:
     def _raise_if_exited(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is not None:
             raise EngineCrashed(
-                f"engine exited ({_exit_text(proc.returncode)}) after it was ready; see {self.log_path}",
+                f"engine exited ({exit_text(proc.returncode)}) after it was ready; see {self.log_path}",
                 returncode=proc.returncode,
                 log_path=self.log_path,
             )
@@ -454,7 +454,7 @@ class EngineProcess:
                 self._proc.wait(timeout=_KILL_WAIT_S)
 
 
-def _exit_text(code: int | None) -> str:
+def exit_text(code: int | None) -> str:
     """``code 1``, or ``killed by SIGKILL, code -9``: a trial's reason names the kill (the OOM
     killer's SIGKILL reads very differently from an exit code the engine chose)."""
     if code is not None and code < 0:

@@ -55,7 +55,7 @@ from autotune.runtime import interrupt
 from autotune.runtime.cpuset import CpuPartition, pinned
 from autotune.runtime.hostshare import CoreShare, disturbance, gpu_strangers, visible_devices
 from autotune.runtime.ports import free_port
-from autotune.runtime.process import EngineProcess
+from autotune.runtime.process import EngineProcess, exit_text
 from autotune.runtime.procfs import send_group
 from autotune.search.diagnosis import WHERE, client_problem, failed_at, in_flight_story, in_flight_text
 from autotune.search.objective import Score, score
@@ -305,9 +305,15 @@ class _Trial:
             if self.early_stop is not None:
                 break  # the trial's verdict is known: the other repeats cannot change it
 
-    def _check_engine(self, proc: EngineProcess) -> None:
+    def _check_engine(self, proc: EngineProcess, monitor: _ServerMonitor | None = None) -> None:
+        """Raise EngineCrashed if the engine is gone or hung: the watchdog's verdict first, then
+        the exit as the process reports it (a dead engine's refused connections are not the
+        client's fault), then the monitor's failed health route (it knows whether tokens had
+        stopped too), then the health route now."""
         if self.watchdog.fired:
             raise EngineCrashed(self.watchdog.reason, log_path=self.log_path)
+        if monitor is not None and monitor.error is not None and proc.returncode is None:
+            raise monitor.error
         proc.check_alive()  # vLLM answers 200 streams with an error body when its core dies
 
     def _valid_run(self, launch: LaunchSpec, proc: EngineProcess, repeat: int) -> dict[str, Any]:
@@ -367,11 +373,7 @@ class _Trial:
             run["host"] = seen
         self.attempts.append(run)
         try:
-            # The watchdog's verdict first, then the exit as the process reports it (a dead
-            # engine's refused connections are not the client's fault), then a failed health route.
-            self._check_engine(proc)
-            if monitor is not None and monitor.error is not None:
-                raise monitor.error
+            self._check_engine(proc, monitor)
         except EngineCrashed as err:
             if watch is not None and (run.get("early_stop") or run.get("failed_engine") or (monitor and monitor.error)):
                 # The engine died during the run; whatever ended it first (the refused requests of
@@ -496,11 +498,18 @@ class _ServerMonitor:
         while not self._done.wait(SERVER_POLL_S):
             code = self.proc.returncode
             if code is not None:
-                self._dead(f"engine exited (code {code}) mid-run", code)
+                self._dead(f"engine exited ({exit_text(code)}) mid-run", code)
                 return
             misses = 0 if self._healthy() else misses + 1
             if misses >= HEALTH_MISSES:
-                self._dead(f"engine health route {self.proc.health_url} failed {misses} checks in a row", None)
+                route = f"health route {self.proc.health_url} failed {misses} checks in a row"
+                quiet = self.watchdog.quiet_for()
+                # SGLang's /health runs a generation: on a hung engine it times out and answers
+                # 503, so the failed checks are the hang seen from outside, not another fault.
+                if quiet >= HEALTH_MISSES * SERVER_POLL_S:
+                    self._dead(f"engine hung: no tokens for {quiet:.0f}s while requests were in flight and its {route}")
+                else:
+                    self._dead(f"engine {route}")
                 return
 
     def _healthy(self) -> bool:
@@ -514,7 +523,7 @@ class _ServerMonitor:
         except httpx.HTTPError:
             return False
 
-    def _dead(self, why: str, code: int | None) -> None:
+    def _dead(self, why: str, code: int | None = None) -> None:
         log.warning("%s; stopping the run", why)
         self.error = EngineCrashed(f"{why}; see {self.proc.log_path}", returncode=code, log_path=self.proc.log_path)
         self.watch.request_stop(SERVER_DEAD, why)

@@ -35,7 +35,7 @@ def _phrase(category: str) -> str:
 
 
 def _decode_phrase() -> str:
-    # A study's objective here is output throughput: measured under load, which no row validates.
+    # A study's objective here is output throughput, measured under load: that kind's band.
     return _phrase("throughput-load")
 
 
