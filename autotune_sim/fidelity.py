@@ -333,12 +333,13 @@ def _served_under_load(load: _Load) -> tuple[float, float, float]:
         max_capture=512,
     )
     sched.clock, sched.tpots, sched.latencies = _Clock(m, GPUS[load.gpu], fp), [], []
+    body = [1000 + j % 29000 for j in range(load.isl - 1)]
     result = simulate(
         sched,
         sched.clock,
         requests=load.requests,
         concurrency=load.concurrency,
-        prompt=lambda i: [(i * 131 + j) % 30000 + 300 for j in range(load.isl)],
+        prompt=lambda i: [300 + i, *body],  # each request its own first token: no shared prefix
         output_len=load.osl,
     )
     return result.output_throughput, statistics.fmean(sched.tpots), statistics.fmean(sched.latencies)
