@@ -8,15 +8,7 @@ import os
 from pathlib import Path
 
 from autotune.bench import prometheus
-from autotune.runtime.procfs import environ_value, pids_in_group, read_cmdline
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+from autotune.runtime.procfs import alive, environ_value, pids_in_group, read_cmdline
 
 
 class Census:
@@ -36,7 +28,7 @@ class Census:
         marked = [
             int(e.name)
             for e in Path("/proc").glob("[0-9]*")
-            if environ_value(int(e.name), "AUTOTUNE_TEST_MARK") == self.marker and _alive(int(e.name))
+            if environ_value(int(e.name), "AUTOTUNE_TEST_MARK") == self.marker and alive(int(e.name))
         ]
         for pid in marked:
             with contextlib.suppress(ProcessLookupError):

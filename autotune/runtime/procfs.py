@@ -29,6 +29,7 @@ from pathlib import Path
 
 __all__ = [
     "ENGINE_MARKER_ENV",
+    "alive",
     "environ_value",
     "group_exists",
     "pids_in_group",
@@ -64,6 +65,12 @@ def _stat_fields(pid: int) -> tuple[str, int] | None:
         return rest[0], int(rest[2])
     except (IndexError, ValueError):
         return None
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie (exited, not yet reaped) or a dead process does not."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
 
 
 def pids_in_group(pgid: int) -> list[int]:

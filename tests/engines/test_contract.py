@@ -9,7 +9,6 @@ what a study relies on: flag discovery and rendering, launch, readiness, version
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from contract import TARGETS, Failure, Target, failure_params, target_param
 
 from autotune.config import Workload, parse_model
 from autotune.outcomes import Outcome
+from autotune.runtime.procfs import alive
 from autotune.search.trial import TrialSpec, run_trial
 
 WORKLOAD = {"dataset": {"input_len": 64, "output_len": 16}, "num_prompts": 8, "arrival": {"concurrency": 4}}
@@ -48,14 +48,6 @@ def _resolve(target: Target, request: pytest.FixtureRequest) -> tuple[Target, st
     model = request.getfixturevalue("tiny_model")
     python = request.getfixturevalue("vllm_python")
     return Target(**{**target.__dict__, "model": model}), python
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").is_file() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def _trial(target: Target, python: str | None, tmp_path: Path, failure: Failure | None = None) -> Any:
@@ -92,7 +84,7 @@ def test_a_served_trial_is_ready_measured_versioned_and_torn_down(
     assert facts["generation_tokens"] >= WORKLOAD["num_prompts"] * WORKLOAD["dataset"]["output_len"]
     assert facts["ready_route"] == target.ready_route
     assert result.metrics["completed"] == WORKLOAD["num_prompts"]
-    assert result.engine_pids and not [p for p in result.engine_pids if _alive(p)]
+    assert result.engine_pids and not [p for p in result.engine_pids if alive(p)]
 
 
 @pytest.mark.parametrize(("target", "outcome"), failure_params())
@@ -103,4 +95,4 @@ def test_every_failure_class_is_classified_with_its_cause(
     _, result = _trial(target, python, tmp_path, target.failures[outcome])
     assert result.outcome == outcome, result.reason
     assert result.reason  # the root-cause line (or the deadline), never empty
-    assert not [p for p in result.engine_pids if _alive(p)]
+    assert not [p for p in result.engine_pids if alive(p)]

@@ -24,7 +24,7 @@ import pytest
 from autotune.errors import EngineStartupError
 from autotune.runtime import guard
 from autotune.runtime.process import EngineProcess
-from autotune.runtime.procfs import pids_in_group, read_cmdline, send_group
+from autotune.runtime.procfs import alive, pids_in_group, read_cmdline, send_group
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal and /proc: Linux")
 
@@ -40,15 +40,6 @@ def _wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
             return False
         time.sleep(0.02)
     return True
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (zombies do not: the watchdog's parent is the init process)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.fixture
@@ -107,9 +98,9 @@ def test_engine_group_is_gone_within_5s_of_a_sigkilled_tuner(
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     # The watchdog leaves the group to end it, so it is waited for by PID as well.
-    gone = _wait_for(lambda: not pids_in_group(pgid) and not _alive(watchdogs[0]), GOAL_S)
+    gone = _wait_for(lambda: not pids_in_group(pgid) and not alive(watchdogs[0]), GOAL_S)
     took = time.monotonic() - killed_at
-    left = {pid: read_cmdline(pid) for pid in [*pids_in_group(pgid), *watchdogs] if _alive(pid)}
+    left = {pid: read_cmdline(pid) for pid in [*pids_in_group(pgid), *watchdogs] if alive(pid)}
     assert gone, f"engine processes alive {GOAL_S:.0f}s after the tuner was SIGKILLed: {left}"
     print(f"\nengine group gone {took:.2f}s after SIGKILL of the tuner ({options or 'plain'})")
     log = (tmp_path / "engine0.log").read_text()

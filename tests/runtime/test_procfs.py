@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune.runtime.procfs import (
+    alive,
     environ_value,
     group_exists,
     pids_in_group,
@@ -25,6 +26,7 @@ from autotune.runtime.procfs import (
 def test_own_group_contains_this_process() -> None:
     assert os.getpid() in pids_in_group(os.getpgrp())
     assert group_exists(os.getpgrp())
+    assert alive(os.getpid())
 
 
 def wait_exec_done(pid: int) -> None:
@@ -44,8 +46,10 @@ def test_cmdline_and_environ_of_a_child() -> None:
         assert environ_value(child.pid, "AUTOTUNE_PROCFS_TEST") == "yes"
         assert environ_value(child.pid, "AUTOTUNE_NOT_SET") is None
         assert pids_in_group(child.pid) == [child.pid]
+        assert alive(child.pid)
         assert terminate_group(child.pid, grace_s=5.0) == []
         assert pids_in_group(child.pid) == []
+        assert not alive(child.pid)  # a zombie until this test reaps it: not running
     finally:
         child.kill()
         child.wait()
@@ -57,6 +61,7 @@ def test_vanished_process_reads_as_empty() -> None:
     child.wait()
     assert read_cmdline(child.pid) == ""
     assert environ_value(child.pid, "PATH") is None
+    assert not alive(child.pid)
     assert terminate_group(child.pid, grace_s=0.1) == []
 
 
