@@ -66,6 +66,7 @@ WORKLOAD = {
     "arrival": {"concurrency": 8},
     "request_timeout_s": 60,
 }
+LONG_WORKLOAD = {**WORKLOAD, "num_prompts": 600}
 SPACE = {"params": {"max_running": {"type": "categorical", "choices": [64]}}}
 WAIT_S = 120.0  # bounds a broken run only; the states waited for come in seconds
 # Fatal line → classified outcome with the group gone: under 2 s on a quiet host, the figure
@@ -87,13 +88,15 @@ def no_engine_outlives_its_test(tmp_path: Path, find_engines: Callable[[str, str
     assert not find_engines("AUTOTUNE_TEST_MARK", str(tmp_path)), "an engine outlived its trial"
 
 
-def _job(tmp_path: Path, engine: EngineSettings, **study: Any) -> TuneJob:
+def _job(tmp_path: Path, engine: EngineSettings, workload: dict[str, Any] = WORKLOAD, **study: Any) -> TuneJob:
     settings = {"name": "f", "method": "search", "trials": 1, "baseline": False, "finalists": 0, "retries": 0, **study}
-    return sim_job(tmp_path, SPACE, engine=engine, workload=WORKLOAD, **settings)
+    return sim_job(tmp_path, SPACE, engine=engine, workload=workload, **settings)
 
 
-def _run(tmp_path: Path, engine: EngineSettings, **study: Any) -> list[optuna.trial.FrozenTrial]:
-    job = _job(tmp_path, engine, **study)
+def _run(
+    tmp_path: Path, engine: EngineSettings, workload: dict[str, Any] = WORKLOAD, **study: Any
+) -> list[optuna.trial.FrozenTrial]:
+    job = _job(tmp_path, engine, workload, **study)
     run_study(job)
     return load_study("f", job.storage_url).trials
 
@@ -168,11 +171,12 @@ def test_engine_killed_mid_benchmark_is_a_crash_naming_the_kill(tmp_path: Path, 
     # What the OOM killer does: SIGKILL of the engine's process while requests stream.
     trial_dir = tmp_path / "f" / "trials" / "0"
     killed: list[int] = []
+    trial_over = threading.Event()
 
     def kill_when_streaming() -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not _tokens_streamed(trial_dir) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while not _tokens_streamed(trial_dir):
+            if trial_over.wait(0.05):
+                return  # never saw the benchmark: the assertion below says so
         pgid = _engine_pgid(tmp_path)
         if pgid is not None:
             os.kill(pgid, signal.SIGKILL)  # the leader only: the supervisor must notice and end the rest
@@ -180,8 +184,13 @@ def test_engine_killed_mid_benchmark_is_a_crash_naming_the_kill(tmp_path: Path, 
 
     killer = threading.Thread(target=kill_when_streaming, daemon=True)
     killer.start()
-    trials = _run(tmp_path, _engine(tmp_path, "", dialect, speedup="10"))
-    killer.join(10)
+    # Ten times the matrix's benchmark: about 10 s of streaming instead of one, so a loaded host
+    # still sees it; the kill ends the trial early, so the length costs nothing.
+    try:
+        trials = _run(tmp_path, _engine(tmp_path, "", dialect, speedup="10"), LONG_WORKLOAD)
+    finally:
+        trial_over.set()  # a poller left running would scrape during the tests that follow
+        killer.join()
     assert killed, "the benchmark never started streaming"
     trial = trials[0]
     assert trial.user_attrs["outcome"] == "crash"

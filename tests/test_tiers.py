@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 
 import pytest
 from tiers import TierViolation, unit_guard
@@ -27,6 +28,43 @@ def test_the_guard_refuses_a_network_socket_but_not_a_local_pair() -> None:
         with socket.socket() as sock, pytest.raises(TierViolation, match="bind a network socket"):
             sock.bind(("127.0.0.1", 0))
     assert len(seen) == 1
+
+
+def _bind_in_a_thread(start: threading.Event, errors: list[Exception]) -> threading.Thread:
+    def bind() -> None:
+        start.wait(10)
+        try:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+        except Exception as exc:  # recorded for the test to read
+            errors.append(exc)
+
+    thread = threading.Thread(target=bind)
+    thread.start()
+    return thread
+
+
+def test_a_thread_the_test_starts_is_refused_too() -> None:
+    seen: list[str] = []
+    errors: list[Exception] = []
+    with unit_guard(seen):
+        start = threading.Event()
+        start.set()
+        _bind_in_a_thread(start, errors).join(10)
+    assert [type(error) for error in errors] == [TierViolation] and len(seen) == 1
+
+
+@pytest.mark.sim  # the thread binds a socket for real
+def test_a_thread_an_earlier_test_left_running_is_neither_refused_nor_blamed() -> None:
+    # A poller of an earlier sim test, finishing its last scrape while a unit test runs.
+    seen: list[str] = []
+    errors: list[Exception] = []
+    start = threading.Event()
+    earlier = _bind_in_a_thread(start, errors)
+    with unit_guard(seen):
+        start.set()
+        earlier.join(10)
+    assert not errors and not seen
 
 
 @pytest.mark.sim  # checks that processes and sockets work again after the guard

@@ -19,6 +19,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import threading
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, NoReturn
 
@@ -61,38 +62,53 @@ def _refuse(what: str, seen: list[str]) -> NoReturn:
     raise TierViolation(message)
 
 
-def _refused_spawn(seen: list[str]) -> Callable[..., Any]:
-    """Stands in for a process-starting call: nothing is started."""
+class _Guard:
+    """The unit test's threads are refused; threads that were running before it began are not.
 
-    def spawn(*args: Any, **kwargs: Any) -> NoReturn:
-        argv = args[0] if args else kwargs.get("args", "?")
-        _refuse(f"started a process ({argv!r:.120})", seen)
+    The patches are process-wide, and a thread an earlier ``sim`` test left behind (a poller
+    finishing its last scrape) must neither fail this test nor be broken by it.
+    """
 
-    return spawn
+    def __init__(self, seen: list[str]) -> None:
+        self.seen = seen
+        self.earlier = {thread.ident for thread in threading.enumerate()} - {threading.get_ident()}
 
+    def refuses(self) -> bool:
+        return threading.get_ident() not in self.earlier
 
-def _guarded_socket_call(original: Callable[..., Any], verb: str, seen: list[str]) -> Callable[..., Any]:
-    def call(sock: socket.socket, address: Any, *args: Any) -> Any:
-        if sock.family in NETWORK:
-            _refuse(f"tried to {verb} a network socket ({address!r})", seen)
-        return original(sock, address, *args)
+    def refuse(self, what: str) -> NoReturn:
+        _refuse(what, self.seen)
 
-    return call
+    def spawn(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """Stands in for a process-starting call: nothing is started by the test's own threads."""
+
+        def spawn(*args: Any, **kwargs: Any) -> Any:
+            if self.refuses():
+                argv = args[0] if args else kwargs.get("args", "?")
+                self.refuse(f"started a process ({argv!r:.120})")
+            return original(*args, **kwargs)
+
+        return spawn
+
+    def socket_call(self, original: Callable[..., Any], verb: str) -> Callable[..., Any]:
+        def call(sock: socket.socket, address: Any, *args: Any) -> Any:
+            if sock.family in NETWORK and self.refuses():
+                self.refuse(f"tried to {verb} a network socket ({address!r})")
+            return original(sock, address, *args)
+
+        return call
 
 
 @contextlib.contextmanager
 def unit_guard(seen: list[str]) -> Iterator[None]:
     """While inside: starting a process or using a network socket raises and is recorded."""
-    patches: list[tuple[Any, str, Any]] = [
-        # subprocess keeps its own reference to fork_exec; multiprocessing calls the module's.
-        (subprocess, "_fork_exec", _refused_spawn(seen)),
-        (_posixsubprocess, "fork_exec", _refused_spawn(seen)),
-        (os, "fork", _refused_spawn(seen)),
-        (os, "posix_spawn", _refused_spawn(seen)),
-        (os, "posix_spawnp", _refused_spawn(seen)),
-    ]
+    guard = _Guard(seen)
+    # subprocess keeps its own reference to fork_exec; multiprocessing calls the module's.
+    spawners = [(subprocess, "_fork_exec"), (_posixsubprocess, "fork_exec"), (os, "fork")]
+    spawners += [(os, "posix_spawn"), (os, "posix_spawnp")]
+    patches = [(owner, name, guard.spawn(getattr(owner, name))) for owner, name in spawners]
     for verb in ("connect", "connect_ex", "bind"):
-        patches.append((socket.socket, verb, _guarded_socket_call(getattr(socket.socket, verb), verb, seen)))
+        patches.append((socket.socket, verb, guard.socket_call(getattr(socket.socket, verb), verb)))
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, replacement in patches:
         setattr(owner, name, replacement)
