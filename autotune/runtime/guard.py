@@ -21,8 +21,8 @@ In the engine's new session (``start_new_session``), before the engine runs, it
    its own child processes on shutdown never sees it — but stays in the engine's process group
    and session): it waits until the tuner's PID is gone — the *process*, not the thread that
    launched it — then leaves the group and ends it with ``procfs.terminate_group``: SIGTERM,
-   :data:`TERM_GRACE_S`, SIGKILL, and removal of the ``/dev/shm`` segments the killed engine
-   can no longer remove. PDEATHSIG only reaches the leader; vLLM's EngineCore and workers,
+   :data:`TERM_GRACE_S`, SIGKILL, and removal of the ``/dev/shm`` segments and socket files the
+   killed engine can no longer remove. PDEATHSIG only reaches the leader; vLLM's EngineCore and workers,
    and SGLang's schedulers, are what the watchdog is for;
 4. ``exec``\\ s the engine in place (same PID, so the process group and the exit code are the
    engine's). The status pipe is close-on-exec: EOF there tells the tuner the exec worked; an
@@ -44,6 +44,7 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["TERM_GRACE_S", "main", "set_parent_death_signal"]
@@ -52,7 +53,11 @@ __all__ = ["TERM_GRACE_S", "main", "set_parent_death_signal"]
 #: takes to notice the tuner is gone (pidfd: at once), the engine is gone within ≈ 2.5 s of the
 #: tuner's death, inside the 5 s the fault matrix promises.
 TERM_GRACE_S = 2.0
-_ALIVE_POLL_S = 0.25  # tuner-alive polling where there is no pidfd
+_ALIVE_POLL_S = 0.25  # how long one look at the tuner waits
+# While the tuner lives, the engine's /dev/shm and socket files are noted at 1, 2, 4 … 30 s
+# intervals: often during start-up, when they appear, and hardly at all once it serves.
+_FIRST_TICK_S = 1.0
+_MAX_TICK_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -87,24 +92,36 @@ def _open_pidfd(pid: int) -> int | None:
         return None
 
 
-def _wait_gone(pid: int, pidfd: int | None, start_time: str | None) -> None:
-    """Block until process ``pid`` (the tuner) has exited."""
+def _wait_gone(pid: int, pidfd: int | None, start_time: str | None, tick: Callable[[], None]) -> None:
+    """Block until process ``pid`` (the tuner) has exited, calling ``tick`` now and then: at
+    :data:`_FIRST_TICK_S`, then at doubling intervals up to :data:`_MAX_TICK_S`."""
+    poller = None
     if pidfd is not None:
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
-        while not poller.poll():  # readable once the process has exited
-            pass
-        return
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            pass  # exists, though not ours: a reused PID is caught by the start time below
-        if start_time is not None and _start_time(pid) != start_time:
-            return
-        time.sleep(_ALIVE_POLL_S)
+    interval = _FIRST_TICK_S
+    next_tick = time.monotonic() + interval
+    while not _gone(pid, poller, start_time):
+        if time.monotonic() >= next_tick:
+            tick()
+            interval = min(2 * interval, _MAX_TICK_S)
+            next_tick = time.monotonic() + interval
+
+
+def _gone(pid: int, poller: select.poll | None, start_time: str | None) -> bool:
+    """Whether the tuner has exited; waits up to :data:`_ALIVE_POLL_S` for it."""
+    if poller is not None:
+        return bool(poller.poll(_ALIVE_POLL_S * 1000))  # readable once the process has exited
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # exists, though not ours: a reused PID is caught by the start time below
+    if start_time is not None and _start_time(pid) != start_time:
+        return True
+    time.sleep(_ALIVE_POLL_S)
+    return False
 
 
 def _load_procfs() -> Any:
@@ -129,9 +146,17 @@ def _note(log_path: str, text: str) -> None:
 def _watch(tuner: int, pidfd: int | None, start_time: str | None, log_path: str, procfs: Any) -> None:
     """The watchdog's whole life: wait for the tuner to die, then end the engine's group."""
     pgid = os.getpgrp()
-    _wait_gone(tuner, pidfd, start_time)
+    files: set[str] = set()
+
+    def note_files() -> None:
+        # Noted while the engine runs: the leader dies of its parent-death signal the moment the
+        # tuner does, before the scan below, and takes its socket files out of that scan.
+        if procfs is not None:
+            files.update(procfs.engine_files(procfs.pids_in_group(pgid)))
+
+    _wait_gone(tuner, pidfd, start_time, note_files)
     _note(log_path, f"tuner pid {tuner} is gone; ending engine process group {pgid}")
-    if procfs is None:  # procfs.py could not be loaded: signals only, no /dev/shm clean-up
+    if procfs is None:  # procfs.py could not be loaded: signals only, no file clean-up
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM is ours to send
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
@@ -143,19 +168,19 @@ def _watch(tuner: int, pidfd: int | None, start_time: str | None, log_path: str,
     # empties and the signals and scans below are about the engine alone.
     os.setpgid(0, 0)
     pids = procfs.pids_in_group(pgid)
-    shm = procfs.shm_files(pids)  # before any signal: a process may unmap while it dies
+    files.update(procfs.engine_files(pids))  # before any signal: a process may unmap while it dies
     procfs.send_group(pgid, signal.SIGTERM)
     if not procfs.wait_group_empty(pgid, TERM_GRACE_S):
         _note(log_path, f"group {pgid} ignored SIGTERM for {TERM_GRACE_S:.0f}s; sending SIGKILL")
         procfs.send_group(pgid, signal.SIGKILL)
         procfs.wait_group_empty(pgid, 5.0)
     survivors = procfs.pids_in_group(pgid)
-    removed = [] if survivors else procfs.remove_orphaned_shm(shm)
+    removed = [] if survivors else procfs.remove_orphaned(files)
     _note(
         log_path,
         f"engine group {pgid} ({len(pids)} processes) "
         + (f"not ended: pids {survivors} survived SIGKILL" if survivors else "ended")
-        + (f"; removed its shared memory {', '.join(removed)}" if removed else ""),
+        + (f"; removed the files it left: {', '.join(removed)}" if removed else ""),
     )
 
 

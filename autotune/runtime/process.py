@@ -45,10 +45,10 @@ from autotune.errors import EngineCrashed, EngineStartupError, StartupTimeout, T
 from autotune.runtime import guard
 from autotune.runtime.procfs import (
     ENGINE_MARKER_ENV,
+    engine_files,
     pids_in_group,
-    remove_orphaned_shm,
+    remove_orphaned,
     send_group,
-    shm_files,
     terminate_group,
 )
 
@@ -68,7 +68,7 @@ _FATAL_LINE_CHARS = 200
 # grace it keeps "fatal line → classified, group gone" under 2 s.
 _FATAL_TERM_S = 0.5
 _EXEC_TIMEOUT_S = 60.0  # the guard's Python start and the exec of the engine (seconds on a loaded box)
-_SHM_SCAN_S = 1.0  # while starting, how often the group's /dev/shm segments are noted
+_FILES_SCAN_S = 1.0  # while starting, how often the group's /dev/shm and socket files are noted
 _GUARD = os.path.abspath(guard.__file__)
 
 _LIVE: weakref.WeakSet[EngineProcess] = weakref.WeakSet()
@@ -136,11 +136,11 @@ class EngineProcess:
         self._log: IO[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._fatal = threading.Event()
-        # /dev/shm segments the engine's processes were seen using (during start-up and once
+        # /dev/shm and socket files the engine's processes were seen using (during start-up and once
         # ready): whoever kills a member — the OOM killer, the hang watchdog's SIGKILL — stop()
         # removes those no one uses any more once the group is gone.
-        self._shm: set[str] = set()
-        self._shm_noted_at = 0.0
+        self._files: set[str] = set()
+        self._files_noted_at = 0.0
         self._started_at = 0.0
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -250,7 +250,7 @@ class EngineProcess:
             self._join_reader(_READER_JOIN_S)
             _LIVE.discard(self)
         if not survivors:
-            remove_orphaned_shm(self._shm)
+            remove_orphaned(self._files)
         if survivors:
             raise TeardownError(
                 f"engine processes {', '.join(map(str, survivors))} (group {self.pgid}) survived SIGKILL; "
@@ -302,10 +302,10 @@ class EngineProcess:
                     self.ready_url, self.ready_fallback_url = self.ready_fallback_url, None
                     continue
                 if status == 200:
-                    self._note_shm()
+                    self._note_files()
                     return self.elapsed_s()
-                if time.monotonic() - self._shm_noted_at >= _SHM_SCAN_S:
-                    self._note_shm()
+                if time.monotonic() - self._files_noted_at >= _FILES_SCAN_S:
+                    self._note_files()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise StartupTimeout(
@@ -421,9 +421,9 @@ class EngineProcess:
             self.fatal_line = line
             self._fatal.set()
 
-    def _note_shm(self) -> None:
-        self._shm |= shm_files(self.group_pids())
-        self._shm_noted_at = time.monotonic()
+    def _note_files(self) -> None:
+        self._files |= engine_files(self.group_pids())
+        self._files_noted_at = time.monotonic()
 
     def _end_group_after_fatal(self) -> None:
         """SIGTERM the group, SIGKILL it after a moment: what is left after a fatal line is only
@@ -431,7 +431,7 @@ class EngineProcess:
         assert self.pgid is not None
         self.stopped_pids = self.group_pids() or self.stopped_pids  # for gpu.wait_pids_released
         if not terminate_group(self.pgid, grace_s=_FATAL_TERM_S, kill_wait_s=_KILL_WAIT_S):
-            remove_orphaned_shm(self._shm)
+            remove_orphaned(self._files)
         self.fatal_ended_at = time.monotonic()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._require_started().wait(timeout=_KILL_WAIT_S)

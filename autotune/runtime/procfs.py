@@ -10,8 +10,11 @@ the group exists but not which PIDs it holds.
 
 An engine killed with SIGKILL cannot remove its POSIX shared memory: vLLM's message queues and
 torch's shared tensors stay in ``/dev/shm`` (hundreds of MB of RAM per launch on vLLM-CPU).
-:func:`terminate_group` notes the ``/dev/shm`` files the group maps or holds open before it
-signals it, and once the group is gone removes those that no live process uses any more.
+Nor are its ZeroMQ ``ipc://`` socket files removed, even on a clean exit: vLLM-CPU 0.32 leaves
+seven ``/tmp/<uuid>`` sockets behind per launch, thousands over a night of trials.
+:func:`terminate_group` notes the files the group maps, holds open or has bound a socket to
+(:func:`engine_files`) before it signals it, and once the group is gone removes those that no
+live process uses any more (:func:`remove_orphaned`).
 
 This module uses the standard library only: the engine watchdog (``guard.py``, run without
 site-packages) loads it by path.
@@ -23,6 +26,7 @@ import contextlib
 import logging
 import os
 import signal
+import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,13 +34,15 @@ from pathlib import Path
 __all__ = [
     "ENGINE_MARKER_ENV",
     "alive",
+    "engine_files",
     "environ_value",
     "group_exists",
     "pids_in_group",
     "read_cmdline",
-    "remove_orphaned_shm",
+    "remove_orphaned",
     "send_group",
     "shm_files",
+    "socket_files",
     "terminate_group",
     "wait_group_empty",
 ]
@@ -48,6 +54,7 @@ ENGINE_MARKER_ENV = "AUTOTUNE_ENGINE"
 _PROC = Path("/proc")
 _POLL_S = 0.05
 _SHM_DIR = "/dev/shm/"
+_UNIX_SOCKETS = _PROC / "net" / "unix"
 _DELETED = " (deleted)"
 
 log = logging.getLogger(__name__)
@@ -157,44 +164,91 @@ def shm_files(pids: Iterable[int] | None = None) -> set[str]:
                 at = line.find(_SHM_DIR)
                 if at >= 0 and not line.rstrip("\n").endswith(_DELETED):
                     found.add(line[at:].rstrip("\n"))
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                    if target.startswith(_SHM_DIR) and not target.endswith(_DELETED):
-                        found.add(target)
+        found.update(t for t in _fd_targets(pid) if t.startswith(_SHM_DIR) and not t.endswith(_DELETED))
     return found
 
 
-def remove_orphaned_shm(paths: Iterable[str]) -> list[str]:
-    """Remove those of ``paths`` (in ``/dev/shm``) that no live process maps or holds open.
+def _fd_targets(pid: int) -> Iterable[str]:
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                yield os.readlink(f"/proc/{pid}/fd/{fd}")
 
-    For the segments of a group that was just killed: nothing else uses them, and nothing
-    else would ever remove them. Returns the paths removed.
+
+def _bound_unix_sockets() -> dict[str, str]:
+    """Inode → path of every unix socket bound to a file (``/proc/net/unix``; abstract ones skipped)."""
+    bound: dict[str, str] = {}
+    with contextlib.suppress(OSError), open(_UNIX_SOCKETS) as table:
+        next(table, None)  # the header
+        for line in table:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7].startswith("/"):
+                bound[fields[6]] = fields[7]
+    return bound
+
+
+def socket_files(pids: Iterable[int]) -> set[str]:
+    """Paths of the unix sockets the processes hold open that are bound to a file."""
+    bound = _bound_unix_sockets()
+    found: set[str] = set()
+    for pid in pids:
+        for target in _fd_targets(pid):
+            if target.startswith("socket:[") and (path := bound.get(target[8:-1])):
+                found.add(path)
+    return found
+
+
+def engine_files(pids: Iterable[int]) -> set[str]:
+    """What the processes would leave behind if killed: their ``/dev/shm`` files and socket files."""
+    pids = list(pids)
+    return shm_files(pids) | socket_files(pids)
+
+
+def _orphans(paths: Iterable[str]) -> list[str]:
+    """Those of ``paths`` that still exist and that no live process uses."""
+    shm = {p for p in paths if p.startswith(_SHM_DIR) and os.path.exists(p)}
+    sockets = {p for p in paths if not p.startswith(_SHM_DIR) and _is_socket(p)}
+    if shm:
+        shm -= shm_files()
+    if sockets:
+        sockets -= set(_bound_unix_sockets().values())
+    return sorted(shm | sockets)
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def remove_orphaned(paths: Iterable[str]) -> list[str]:
+    """Remove those of ``paths`` that no live process uses: ``/dev/shm`` files nothing maps or
+    holds open, and socket files no live socket is bound to. Any other path is left alone.
+
+    For the files of a group that was just ended: nothing else uses them, and nothing else would
+    ever remove them. Returns the paths removed.
     """
-    candidates = {p for p in paths if p.startswith(_SHM_DIR) and os.path.exists(p)}
-    if not candidates:
-        return []
     removed = []
-    for path in sorted(candidates - shm_files()):
+    for path in _orphans(paths):
         try:
             os.unlink(path)
         except FileNotFoundError:
             continue
         except OSError as err:
-            log.warning("cannot remove %s left by a killed engine: %s", path, err.strerror)
+            log.warning("cannot remove %s left by an ended engine: %s", path, err.strerror)
             continue
         removed.append(path)
     if removed:
-        log.info("removed shared memory left by killed processes: %s", ", ".join(removed))
+        log.info("removed files left by ended processes: %s", ", ".join(removed))
     return removed
 
 
 def terminate_group(pgid: int, *, grace_s: float, kill_wait_s: float = 5.0) -> list[int]:
     """SIGTERM the whole group, wait ``grace_s``, then SIGKILL it and wait ``kill_wait_s``.
 
-    Once the group is gone, the ``/dev/shm`` files it used and that no one uses any more are
-    removed (a process killed by SIGKILL cannot clean them up; one that exits on SIGTERM has).
+    Once the group is gone, the ``/dev/shm`` and socket files it used and that no one uses any
+    more are removed (a process killed by SIGKILL cannot clean them up).
 
     Returns:
         The PIDs still alive afterwards (empty when the group is gone). A non-empty result
@@ -203,15 +257,15 @@ def terminate_group(pgid: int, *, grace_s: float, kill_wait_s: float = 5.0) -> l
     pids = pids_in_group(pgid)
     if not pids:
         return []
-    shm = shm_files(pids)  # before any signal: a process may unmap while it dies
+    files = engine_files(pids)  # before any signal: a process may unmap while it dies
     send_group(pgid, signal.SIGTERM)
     if wait_group_empty(pgid, grace_s):
-        remove_orphaned_shm(shm)
+        remove_orphaned(files)
         return []
     log.warning("process group %d ignored SIGTERM for %.1fs; sending SIGKILL", pgid, grace_s)
     send_group(pgid, signal.SIGKILL)
     wait_group_empty(pgid, kill_wait_s)
     survivors = pids_in_group(pgid)
     if not survivors:
-        remove_orphaned_shm(shm)
+        remove_orphaned(files)
     return survivors

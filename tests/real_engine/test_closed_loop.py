@@ -21,7 +21,7 @@ import yaml
 from enginecensus import Census
 from tunerwait import wait_for_trials
 
-from autotune.runtime.procfs import shm_files, terminate_group
+from autotune.runtime.procfs import engine_files, shm_files, socket_files, terminate_group
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
 
@@ -115,8 +115,9 @@ def _kill_9_leaves_nothing(
     tuner: subprocess.Popen[str], census: Census, engine: dict[int, str], trial_log: Path
 ) -> None:
     """kill -9 the tuner mid-trial: every engine process (API server, EngineCore, workers, the
-    guard's watchdog) and its shared memory gone within 5 s, without waiting for a resume."""
-    shm = shm_files(engine)
+    guard's watchdog), its shared memory and its socket files gone within 5 s, without waiting
+    for a resume."""
+    files, sockets = engine_files(engine), socket_files(engine)
     killed_at = time.monotonic()
     tuner.send_signal(signal.SIGKILL)
     tuner.wait(timeout=30)
@@ -125,8 +126,11 @@ def _kill_9_leaves_nothing(
     took = time.monotonic() - killed_at
     left = census.describe()
     assert not left, f"{len(left)} engine processes alive {GONE_GOAL_S:.0f}s after kill -9 of the tuner: {left}"
-    print(f"\nvLLM-CPU: {len(engine)} engine processes gone {took:.2f}s after kill -9 of the tuner (no resume)")
-    assert not [p for p in shm if Path(p).exists()], "the engine's /dev/shm segments outlived it"
+    print(
+        f"\nvLLM-CPU: {len(engine)} engine processes gone {took:.2f}s after kill -9 of the tuner (no resume); "
+        f"{len(files)} files of theirs removed ({len(sockets)} socket files)"
+    )
+    assert not [p for p in files if Path(p).exists()], "the engine's /dev/shm segments or socket files outlived it"
     assert f"tuner pid {tuner.pid} is gone" in trial_log.read_text()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -17,8 +18,9 @@ from autotune.runtime.procfs import (
     group_exists,
     pids_in_group,
     read_cmdline,
-    remove_orphaned_shm,
+    remove_orphaned,
     shm_files,
+    socket_files,
     terminate_group,
 )
 
@@ -94,7 +96,7 @@ def test_shared_memory_of_a_killed_group_is_removed_and_in_use_memory_is_kept(tm
         os.ftruncate(fd, 4096)
         held = mmap.mmap(fd, 4096)
         os.close(fd)
-        assert remove_orphaned_shm([f"/dev/shm/{kept}"]) == []
+        assert remove_orphaned([f"/dev/shm/{kept}"]) == []
         assert terminate_group(child.pid, grace_s=0.2) == []  # SIGTERM ignored: SIGKILL
         assert not Path(f"/dev/shm/{name}").exists()
         assert Path(f"/dev/shm/{kept}").exists()
@@ -106,8 +108,37 @@ def test_shared_memory_of_a_killed_group_is_removed_and_in_use_memory_is_kept(tm
             Path(f"/dev/shm/{leftover}").unlink(missing_ok=True)
 
 
-def test_only_dev_shm_paths_are_ever_removed(tmp_path: Path) -> None:
+@pytest.mark.sim
+def test_socket_files_of_an_ended_group_are_removed_and_bound_ones_kept(tmp_path: Path) -> None:
+    # vLLM's ZeroMQ ipc:// sockets stay in /tmp after the engine is gone, even on a clean exit.
+    path, ready = tmp_path / "engine.sock", tmp_path / "ready"
+    code = (
+        "import signal, socket, time;"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        f"s = socket.socket(socket.AF_UNIX); s.bind({str(path)!r}); s.listen();"
+        f"open({str(ready)!r}, 'w').close();"
+        "time.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    kept = tmp_path / "kept.sock"
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert socket_files([child.pid]) == {str(path)}
+        with socket.socket(socket.AF_UNIX) as ours:
+            ours.bind(str(kept))  # bound by a live socket: in use, never removed
+            assert remove_orphaned([str(kept)]) == []
+            assert terminate_group(child.pid, grace_s=0.2) == []  # SIGTERM ignored: SIGKILL
+            assert not path.exists()
+            assert kept.exists()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_only_shared_memory_and_socket_files_are_ever_removed(tmp_path: Path) -> None:
     elsewhere = tmp_path / "not-shm"
     elsewhere.write_text("x")
-    assert remove_orphaned_shm([str(elsewhere)]) == []
+    assert remove_orphaned([str(elsewhere)]) == []
     assert elsewhere.exists()
