@@ -83,10 +83,11 @@ class Engine:
         faults: FaultPlan,
         observer: EngineObserver,
         clock: ModelClock,
+        launch_factor: float = 1.0,
     ) -> None:
         self.scheduler, self.perf, self.stats = scheduler, perf, stats
         self.fp, self.headroom = fp, headroom
-        self.noise = noise
+        self.noise, self.launch_factor = noise, launch_factor
         self.faults = faults
         self.observer = observer
         self.clock = clock
@@ -223,6 +224,7 @@ class Engine:
         Steps shorter than the loop's sleep resolution run back to back; the server still gets
         the loop every ``YIELD_EVERY_S``, and its writes of those steps go out together.
         """
+        dt *= self.launch_factor
         if self.noise:
             dt *= max(0.5, 1.0 + self._rng.gauss(0.0, self.noise))
         self.t += dt

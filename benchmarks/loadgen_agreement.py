@@ -11,10 +11,13 @@ round), so both see the same machine load:
   is squeezed (``--num-gpu-blocks-override 160 --max-num-seqs 239 --max-num-batched-tokens 1024
   --max-model-len 1024``), so the engine preempts requests;
 * ``c256``: random 128/64 tokens, 400 prompts at concurrency 256 (default batching flags,
-  ``--max-model-len 1024``).
+  ``--max-model-len 1024``);
+* the shipped workloads' shapes: ``cpu-quick`` (600 prompts of 128/64 at concurrency 32),
+  ``chat`` (the chat endpoint, uniform ±50 % around 200/180 tokens, Poisson at 8/s, 200 prompts)
+  and ``offline`` (uniform ±50 % around 1,024/256 tokens, 200 prompts all at once).
 
-``closed`` and ``poisson`` share one server (``--max-model-len 2048``) and default to 3 pairs;
-``squeezed`` and ``c256`` each start their own and default to 10 pairs.
+``closed``, ``poisson`` and the shipped shapes share one server (``--max-model-len 2048``) and
+default to 3 pairs; ``squeezed`` and ``c256`` each start their own and default to 10 pairs.
 
 Cores: on a host with at least two cores the engine is pinned to all but a quarter of them
 (``taskset`` and ``VLLM_CPU_OMP_THREADS_BIND``: core 0 on a 2-core host) and both clients to the
@@ -32,7 +35,9 @@ finds another's prompts cached.
 
 Reported per workload: every pair (our ok/failed, split client side/engine side, retried
 requests, output tok/s; vLLM's ok/failed and output tok/s; the ratio ours/vLLM's; the engine's
-preemptions during each run from ``/metrics``; in the printed lines and the JSON also the engine's
+preemptions during each run from ``/metrics``; the engine's own account of each run (requests
+held, prompt tokens per request, its TTFT and ITL beside the client's: ``engine_view``), so a
+gap can be placed on the client's side or the engine's; in the printed lines and the JSON also the engine's
 CPU seconds in each run's window and, when pinned, other processes' CPU seconds on the engine's
 cores), the median ratio and the goals (no client-side failure in any of our runs; output
 throughput within 5 % of ``vllm bench serve`` in each pair); then, per metric, the median of
@@ -50,6 +55,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -59,7 +65,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -101,16 +107,27 @@ class Case:
     output_len: int = 64
     server: tuple[str, ...] = ("--max-model-len", "2048")  # cases with the same flags share a server
     repeats: int = 3
+    range_ratio: float = 0.0  # lengths uniform in [len × (1 − r), len × (1 + r)], as both clients read it
+    endpoint: Literal["completions", "chat"] = "completions"
 
     def workload(self, seed: int) -> Workload:
         return Workload(
             name=self.name,
+            endpoint=self.endpoint,
             num_prompts=self.num_prompts,
             warmup_requests=WARMUPS,
             seed=seed,
-            dataset=Dataset(input_len=self.input_len, output_len=self.output_len),
+            dataset=Dataset(input_len=self.input_len, output_len=self.output_len, range_ratio=self.range_ratio),
             arrival=Arrival(concurrency=self.concurrency, request_rate=self.rate),
         )
+
+    def vllm_args(self) -> list[str]:
+        """What ``vllm bench serve`` needs for this case's endpoint and lengths."""
+        endpoint = ["--backend", "openai", "--endpoint", "/v1/completions"]
+        if self.endpoint == "chat":
+            endpoint = ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions"]
+        lengths = ["--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len)]
+        return [*endpoint, *lengths, "--random-range-ratio", str(self.range_ratio)]
 
 
 SQUEEZED_SERVER = (
@@ -122,15 +139,49 @@ CASES = (
     Case("poisson", 120, None, 6.0),
     Case("squeezed", 300, 128, float("inf"), 256, 128, SQUEEZED_SERVER, repeats=10),
     Case("c256", 400, 256, float("inf"), 128, 64, ("--max-model-len", "1024"), repeats=10),
+    # The shipped workloads' shapes, on the shared server: cpu-quick (make demo's before cpu-slo),
+    # chat (its lognormal lengths as vLLM's client can draw them: uniform ±50 % around the
+    # medians; Poisson at 8/s) and offline-batch (every request at once; 200 of its 1,000).
+    Case("cpu-quick", 600, 32, float("inf")),
+    Case("chat", 200, None, 8.0, 200, 180, range_ratio=0.5, endpoint="chat"),
+    Case("offline", 200, None, float("inf"), 1024, 256, range_ratio=0.5),
 )
 
 
-def preemptions(base: str) -> float:
-    """The engine's preemption counter (summed over its series); NaN when /metrics cannot be read."""
+def engine_metrics(base: str) -> dict[str, float]:
+    """The engine's /metrics now; empty when it cannot be read."""
     try:
-        return prometheus.delta({}, prometheus.scrape(base), PREEMPTIONS)
+        return prometheus.scrape(base)
     except BenchmarkError:
-        return float("nan")
+        return {}
+
+
+def engine_view(before: dict[str, float], after: dict[str, float], duration_s: float) -> dict[str, float | None]:
+    """The engine's own account of one run, from its counters, whichever client sent the load:
+    what it was sent (requests, prompt tokens each), how it served them (its TTFT, inter-token
+    latency and end-to-end latency, from arrival at the engine) and how many requests it held on
+    average (the sum of its end-to-end latencies over the client's run time). A client that
+    cannot keep its concurrency up shows here as fewer requests held; one whose own clock adds
+    time shows as client latencies above the engine's."""
+
+    def d(name: str) -> float:
+        return prometheus.delta(before, after, name)
+
+    def mean_ms(histogram: str) -> float | None:
+        count = d(f"{histogram}_count")
+        return 1000 * d(f"{histogram}_sum") / count if count else None
+
+    requests = d("vllm:request_success")
+    return {
+        "requests": requests,
+        "prompt_tokens_per_request": d("vllm:prompt_tokens") / requests if requests else None,
+        "generation_tokens": d("vllm:generation_tokens"),
+        "preemptions": d(PREEMPTIONS),
+        "mean_ttft_ms": mean_ms("vllm:time_to_first_token_seconds"),
+        "mean_itl_ms": mean_ms("vllm:inter_token_latency_seconds"),
+        "mean_e2e_ms": mean_ms("vllm:e2e_request_latency_seconds"),
+        "requests_held": d("vllm:e2e_request_latency_seconds_sum") / duration_s if duration_s else None,
+    }
 
 
 async def ours(base: str, case: Case, seed: int) -> dict[str, Any]:
@@ -148,10 +199,8 @@ def vllm(base: str, case: Case, seed: int, cpus: tuple[int, ...] | None) -> dict
     reset_cache(base)  # vLLM's client does not reset it; ours does before every run
     with tempfile.TemporaryDirectory() as tmp:
         args = [
-            str(VLLM_PYTHON), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", base,
-            "--endpoint", "/v1/completions", "--model", str(MODEL), "--tokenizer", str(MODEL),
-            "--dataset-name", "random", "--random-input-len", str(case.input_len),
-            "--random-output-len", str(case.output_len),
+            str(VLLM_PYTHON), "-c", VLLM_BENCH, "--base-url", base, *case.vllm_args(),
+            "--model", str(MODEL), "--tokenizer", str(MODEL), "--dataset-name", "random",
             "--num-prompts", str(case.num_prompts), "--num-warmups", str(WARMUPS),
             "--request-rate", str(case.rate), "--ignore-eos", "--temperature", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el",
@@ -174,6 +223,12 @@ def vllm(base: str, case: Case, seed: int, cpus: tuple[int, ...] | None) -> dict
     for key in (*VLLM_DETAIL, "generated_texts"):
         data.pop(key, None)
     return data
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's finished child processes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _group_cpu_s(pgid: int) -> float:
@@ -202,14 +257,19 @@ def _cores_busy_s(cores: tuple[int, ...]) -> float:
 def run_one(client: str, base: str, case: Case, seed: int, cpus: CpuPartition | None, pgid: int) -> dict[str, Any]:
     """One run of one client, with what the engine did during it: its preemptions, its CPU
     seconds, and the CPU seconds other processes took on the engine's cores (pinned runs only)."""
-    before = preemptions(base)
+    before = engine_metrics(base)
     cpu0, busy0 = _group_cpu_s(pgid), _cores_busy_s(cpus.engine) if cpus else 0.0
+    children0 = _children_cpu_s()
     data = (
         asyncio.run(ours(base, case, seed))
         if client == "ours"
         else vllm(base, case, seed, cpus.client if cpus else None)
     )
-    data["engine_preemptions"] = preemptions(base) - before
+    view = engine_view(before, engine_metrics(base), float(data.get("duration") or 0.0))
+    data["engine_view"] = view
+    data["engine_preemptions"] = view["preemptions"]
+    if client == "vllm":  # its whole process (start-up and tokenizer included) against the run's duration
+        data["client_cpu_s"] = _children_cpu_s() - children0
     data["engine_cpu_s"] = _group_cpu_s(pgid) - cpu0
     if cpus:
         data["engine_cores_others_cpu_s"] = max(0.0, _cores_busy_s(cpus.engine) - busy0 - data["engine_cpu_s"])
@@ -290,6 +350,32 @@ def pair_table(name: str, by_client: dict[str, list[dict[str, Any]]]) -> str:
         f"pairs within {THROUGHPUT_GOAL:.0%}: {goals['pairs_within']}/{goals['pairs']} "
         f"({'goal held' if goals['all_within'] else 'GOAL MISSED'})"
     )
+    return "\n".join(lines)
+
+
+def _ms(client: Any, engine: Any) -> str:
+    shown = [f"{v:.1f}" if isinstance(v, (int, float)) else "–" for v in (client, engine)]
+    return " / ".join(shown)
+
+
+def engine_table(by_client: dict[str, list[dict[str, Any]]]) -> str:
+    """Each run as the engine saw it beside what its client measured: which side a gap is on."""
+    lines = [
+        "| pair | client | output tok/s | requests the engine held (mean) | prompt tokens / request (engine) "
+        "| mean TTFT ms: client / engine | mean ITL ms: client / engine | client CPU s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for i, pair in enumerate(zip(by_client["ours"], by_client["vllm"], strict=True)):
+        for name, r in zip(("autotune", "vllm"), pair, strict=True):
+            v = r.get("engine_view") or {}
+            held, prompt = v.get("requests_held"), v.get("prompt_tokens_per_request")
+            lines.append(
+                f"| {i + 1} | {name} | {r['output_throughput']:,.1f} | {held:.1f} | {prompt:.1f} "
+                f"| {_ms(r.get('mean_ttft_ms'), v.get('mean_ttft_ms'))} "
+                f"| {_ms(r.get('mean_itl_ms'), v.get('mean_itl_ms'))} | {r.get('client_cpu_s', float('nan')):.1f} |"
+                if held is not None and prompt is not None
+                else f"| {i + 1} | {name} | {r['output_throughput']:,.1f} | – | – | – | – | – |"
+            )
     return "\n".join(lines)
 
 
@@ -398,6 +484,8 @@ def main() -> None:
     for name, by_client in results.items():
         print(f"\n### {name}\n")
         print(pair_table(name, by_client))
+        print()
+        print(engine_table(by_client))
     print()
     print(table(results))
     print(f"load average before/after: {report['load_avg_before']} / {report['load_avg_after']}")

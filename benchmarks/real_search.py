@@ -96,18 +96,22 @@ class Run:
     engine_s: float
 
 
-def _job(folder: Path, name: str, study: dict[str, Any]) -> TuneJob:
+REAL_ENGINE = EngineOptions(
+    engine="vllm",
+    python=str(VLLM_PYTHON),
+    model=str(MODEL),
+    fixed=[f"num_gpu_blocks_override={BLOCKS}"],
+    env=["VLLM_CPU_KVCACHE_SPACE=1", "HF_HUB_OFFLINE=1"],
+)
+
+
+def study_job(folder: Path, name: str, study: dict[str, Any], options: EngineOptions = REAL_ENGINE) -> TuneJob:
+    """The job of one study of this set-up (the space and the squeezed workload) on ``options``' engine."""
     (folder / "space.yaml").write_text(yaml.safe_dump(SPACE))
     (folder / "workload.yaml").write_text(yaml.safe_dump(WORKLOAD))
-    options = EngineOptions(
-        engine="vllm",
-        python=str(VLLM_PYTHON),
-        model=str(MODEL),
-        fixed=[f"num_gpu_blocks_override={BLOCKS}"],
-        env=["VLLM_CPU_KVCACHE_SPACE=1", "HF_HUB_OFFLINE=1"],
-    )
     settings = {"name": name, "results_dir": folder / "results", "seed": 0, "finalists": 0, **study}
     job, _ = tune_job(options, str(folder / "space.yaml"), str(folder / "workload.yaml"), settings)
+    job.dir.mkdir(parents=True, exist_ok=True)
     return job
 
 
@@ -122,7 +126,7 @@ def _runs(study: optuna.Study) -> list[Run]:
     return out
 
 
-class _Printer(NullProgress):
+class Printer(NullProgress):
     def __init__(self, label: str) -> None:
         self.label = label
 
@@ -137,12 +141,12 @@ class _Printer(NullProgress):
 
 
 def run_staged(folder: Path, trials: int) -> list[Run]:
-    job = _job(folder, "staged", {"method": "staged", "trials": trials})
-    run_study(job, _Printer("staged"))
-    return _runs(_open(job))
+    job = study_job(folder, "staged", {"method": "staged", "trials": trials})
+    run_study(job, Printer("staged"))
+    return _runs(open_job_study(job))
 
 
-def _open(job: TuneJob) -> optuna.Study:
+def open_job_study(job: TuneJob) -> optuna.Study:
     return open_study(
         job.study.name,
         job.storage_url,
@@ -152,11 +156,10 @@ def _open(job: TuneJob) -> optuna.Study:
     )
 
 
-def grid_study(folder: Path) -> StudyRun:
+def grid_study(folder: Path, name: str = "grid", options: EngineOptions = REAL_ENGINE) -> StudyRun:
     """A study whose every trial is an explicit point, run to its end (no early stop)."""
-    job = _job(folder, "grid", {"method": "search", "early_stop": False, "stop_when_done": False})
-    job.dir.mkdir(parents=True, exist_ok=True)
-    return StudyRun(job, get_adapter(job.engine), _open(job), _Printer("grid"))
+    job = study_job(folder, name, {"method": "search", "early_stop": False, "stop_when_done": False}, options)
+    return StudyRun(job, get_adapter(job.engine), open_job_study(job), Printer(name))
 
 
 def run_grid(run: StudyRun) -> list[Run]:

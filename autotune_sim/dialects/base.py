@@ -233,6 +233,7 @@ class Runtime:
             fp=fp,
             headroom=headroom,
             noise=s.noise,
+            launch_factor=s.launch_factor,
             seed=s.seed + rank,
             faults=s.faults,
             observer=observer,

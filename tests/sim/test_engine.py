@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import pytest
+
 from autotune_sim.clock import ModelClock
 from autotune_sim.engine import Engine, Fatal
 from autotune_sim.kvcache import BlockPool
@@ -56,6 +58,7 @@ def run(
     *,
     seed: int = 0,
     noise: float = 0.0,
+    launch_factor: float = 1.0,
     headroom: float = 100 * GIB,
     faults: FaultPlan | None = None,
     prompt_len: int = 512,
@@ -88,6 +91,7 @@ def run(
             faults=faults or FaultPlan(),
             observer=rec,
             clock=ModelClock(1e9, lambda: 0.0),
+            launch_factor=launch_factor,
         )
         task = asyncio.create_task(engine.run())
         for i in range(n):
@@ -113,6 +117,14 @@ def test_same_seed_same_numbers_other_seed_other_noise() -> None:
     assert a.tokens == b.tokens == c.tokens == 32 * 32
     assert (sa.ttft.sum, sa.itl.sum, sa.e2e.sum) == (sb.ttft.sum, sb.itl.sum, sb.e2e.sum)
     assert sa.itl.sum != sc.itl.sum
+
+
+def test_a_slower_launch_takes_longer_at_every_step() -> None:
+    # Two launches of one configuration on a real box: the slower one is slower throughout.
+    _, usual, _ = run(16)
+    _, slow, _ = run(16, launch_factor=1.25)
+    assert slow.itl.sum == pytest.approx(1.25 * usual.itl.sum, rel=1e-9)
+    assert slow.e2e.sum == pytest.approx(1.25 * usual.e2e.sum, rel=1e-9)
 
 
 def test_without_noise_the_seed_does_not_matter() -> None:

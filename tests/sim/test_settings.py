@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+import statistics
+
 import pytest
 
-from autotune_sim.settings import FaultPlan, SettingsError, load_settings
+from autotune_sim.settings import FaultPlan, SettingsError, launch_factor, load_settings
 
 
 def test_defaults() -> None:
@@ -68,3 +71,15 @@ def test_fault_spec_parses_every_fault() -> None:
 def test_bad_settings_say_what_is_wrong(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         load_settings(env)
+
+
+def test_each_launch_draws_its_own_speed_when_launch_noise_is_set() -> None:
+    assert load_settings({}).launch_factor == 1.0
+    factors = {load_settings({"AUTOTUNE_SIM_LAUNCH_NOISE": "0.1"}).launch_factor for _ in range(20)}
+    assert len(factors) == 20  # afresh per launch, whatever the seed
+    draws = [launch_factor(0.15, random.Random(seed)) for seed in range(2000)]
+    assert min(draws) >= 0.5
+    spread = statistics.pstdev(draws)
+    assert 0.13 < spread < 0.17
+    with pytest.raises(SettingsError, match="AUTOTUNE_SIM_LAUNCH_NOISE"):
+        load_settings({"AUTOTUNE_SIM_LAUNCH_NOISE": "-0.1"})
