@@ -41,6 +41,7 @@ from autotune.runtime.procfs import pids_in_group
 from autotune.search.objective import is_feasible
 from autotune.search.record import trial_record
 from autotune.search.storage import load_study
+from autotune.search.trial import PORT_TRIES
 from autotune.search.tune import TuneJob, run_study
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
@@ -238,7 +239,7 @@ def test_crash_at_startup_is_a_crash_and_retried_once(tmp_path: Path, dialect: s
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_port_taken_under_the_engine_is_retried_on_a_new_port(
+def test_port_taken_under_the_engine_is_launched_again_on_a_new_port(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dialect: str
 ) -> None:
     with socket.socket() as squatter:
@@ -250,12 +251,28 @@ def test_port_taken_under_the_engine_is_retried_on_a_new_port(
         # choice and the engine's bind); the retry gets a real free port.
         monkeypatch.setattr("autotune.search.trial.free_port", lambda host: next(ports, None) or free_port(host))
         trials = _run(tmp_path, _engine(tmp_path, "", dialect), retries=1)
-    assert [t.user_attrs["outcome"] for t in trials] == ["crash", "ok"]
+    assert [t.user_attrs["outcome"] for t in trials] == ["ok"]
     assert "address already in use" in Path(trials[0].user_attrs["log_path"]).read_text().lower()
+    (line,) = trials[0].user_attrs["facts"]["ports_taken"]
+    assert "address already in use" in line.lower()
+    argv = trials[0].user_attrs["argv"]
+    assert int(argv[argv.index("--port") + 1]) != taken
+
+
+def test_ports_taken_at_every_launch_are_a_transient_crash_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        ports = iter([taken] * PORT_TRIES)
+        monkeypatch.setattr("autotune.search.trial.free_port", lambda host: next(ports, None) or free_port(host))
+        trials = _run(tmp_path, _engine(tmp_path, "", "vllm"), retries=1)
+    assert [t.user_attrs["outcome"] for t in trials] == ["crash", "ok"]
+    assert len(trials[0].user_attrs["facts"]["ports_taken"]) == PORT_TRIES
     assert trials[0].user_attrs["facts"]["root_cause"]["kind"] == "port_in_use"
     assert trials[1].user_attrs["retry_of"] == trials[0].number
-    argv = trials[1].user_attrs["argv"]
-    assert int(argv[argv.index("--port") + 1]) != taken
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

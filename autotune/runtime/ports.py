@@ -2,12 +2,16 @@
 
 A port picked here can still be taken by someone else before the engine binds it; the engine
 then fails with "Address already in use", which adapters report as a port-in-use event and
-the trial is retried on a new port.
+the engine is launched again on a new port. Ports are picked below the kernel's ephemeral
+range, so the outgoing connections of this host (the benchmark client's included) cannot
+take one in that window.
 """
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
 
 from autotune.errors import EngineError
 
@@ -28,8 +32,28 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_FLOOR = 10000  # below this are the well-known and registered services' usual ports
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range starts here
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port on ``host`` that nothing listens on right now (chosen by the kernel)."""
+    """A port on ``host`` that nothing listens on right now: a random one between
+    :data:`LISTEN_FLOOR` and the ephemeral range, or the kernel's choice when that span is
+    empty or full."""
+    top = _ephemeral_start()
+    for _ in range(64):
+        if top <= LISTEN_FLOOR:
+            break
+        port = random.randrange(LISTEN_FLOOR, top)
+        if port_is_free(port, host):
+            return port
     with _bind(host, 0) as sock:
         return int(sock.getsockname()[1])
 

@@ -57,7 +57,7 @@ from autotune.runtime.hostshare import CoreShare, disturbance, gpu_strangers, vi
 from autotune.runtime.ports import free_port
 from autotune.runtime.process import EngineProcess, exit_text
 from autotune.runtime.procfs import send_group
-from autotune.search.diagnosis import WHERE, client_problem, failed_at, in_flight_story, in_flight_text
+from autotune.search.diagnosis import STARTUP, WHERE, client_problem, failed_at, in_flight_story, in_flight_text
 from autotune.search.objective import Score, score
 from autotune.search.progress import NullProgress, Progress
 from autotune.search.stage import Stage
@@ -154,6 +154,7 @@ class TrialResult:
 
 GAUGE_INTERVAL_S = 0.5  # one /metrics read per half second: negligible next to the workload
 CLIENT_RERUNS = 2  # a client-limited run is run again this many times before the trial gives up
+PORT_TRIES = 3  # launches of one trial when each finds its port taken by someone else
 LENGTHENINGS, MAX_GROWTH = 2, 4.0  # a short run is lengthened at most twice, each time ≤ 4× the prompts
 SERVER_POLL_S = 1.0  # how often a run with early stop looks whether its engine is still alive
 HEALTH_TIMEOUT_S, HEALTH_MISSES = 3.0, 3  # this many failed health checks in a row: the engine is dead
@@ -571,7 +572,31 @@ def run_trial(
     spec: TrialSpec, adapter: EngineAdapter, workload: Workload, progress: Progress | None = None
 ) -> TrialResult:
     """Run one trial end to end and return its classified result (never raises for engine
-    failures: they are outcomes). KeyboardInterrupt still propagates — after teardown."""
+    failures: they are outcomes). KeyboardInterrupt still propagates — after teardown.
+
+    A port taken between choosing it and the engine binding it says nothing about the flags:
+    the engine is started again on a new port (up to :data:`PORT_TRIES` launches), and each
+    taken port's root-cause line is kept in the facts (the engine log holds every launch).
+    """
+    taken: list[str] = []
+    while True:
+        result = _run_once(spec, adapter, workload, progress)
+        cause = result.facts.get("root_cause") or {}
+        if cause.get("kind") != "port_in_use" or result.facts.get("failed_at") != STARTUP:
+            break
+        taken.append(str(cause.get("line", "")))
+        if len(taken) >= PORT_TRIES:
+            break
+        log.warning("trial %d: the engine's port was taken; launching again on a new port", spec.number)
+    if taken:
+        result.facts["ports_taken"] = taken
+        _write_json(spec.trial_dir / "outcome.json", _outcome_record(result))
+    return result
+
+
+def _run_once(
+    spec: TrialSpec, adapter: EngineAdapter, workload: Workload, progress: Progress | None
+) -> TrialResult:
     t = _Trial(spec, adapter, workload, progress or NullProgress())
     result = TrialResult(spec.number, spec.stage, Outcome.CRASH, spec.flags, [], {}, log_path=str(t.log_path))
     t0 = time.monotonic()

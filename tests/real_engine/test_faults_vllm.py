@@ -228,7 +228,7 @@ def test_engine_core_stopped_mid_benchmark_is_killed_by_the_watchdog(
     assert pids_in_group(int(trial.user_attrs["engine_pgid"])) == []
 
 
-def test_port_taken_is_retried_on_a_new_port(
+def test_port_taken_is_launched_again_on_a_new_port(
     tmp_path: Path, vllm_python: str, tiny_model: str, census: Census, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with socket.socket() as squatter:
@@ -238,10 +238,10 @@ def test_port_taken_is_retried_on_a_new_port(
         ports = iter([taken])
         monkeypatch.setattr("autotune.search.trial.free_port", lambda host: next(ports, None) or free_port(host))
         trials = _run(_job(tmp_path, vllm_python, tiny_model, census, retries=1, prompts=40))
-    assert [t.user_attrs["outcome"] for t in trials] == ["crash", "ok"], [t.user_attrs["reason"] for t in trials]
-    assert trials[0].user_attrs["facts"]["root_cause"]["kind"] == "port_in_use"
-    assert trials[1].user_attrs["retry_of"] == trials[0].number
-    argv = trials[1].user_attrs["argv"]
+    assert [t.user_attrs["outcome"] for t in trials] == ["ok"], [t.user_attrs["reason"] for t in trials]
+    (line,) = trials[0].user_attrs["facts"]["ports_taken"]
+    assert "address already in use" in line.lower()
+    argv = trials[0].user_attrs["argv"]
     assert int(argv[argv.index("--port") + 1]) != taken
 
 
