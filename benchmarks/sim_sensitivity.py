@@ -165,7 +165,7 @@ def run_rows(
 
     def one(case: Any, name: str, level: str, value: float | None) -> None:
         log(f"{name or NOMINAL} {level} ({value}) {case.name}")
-        rep = se.evaluate_case(case, args.seeds, args.budget, args.methods, args.noise, log)
+        (rep,) = se.evaluate_case(case, args.seeds, args.budget, args.methods, [args.noise], log)
         rows.append(row_of(name, level, value, rep))
 
     if NOMINAL in levels:

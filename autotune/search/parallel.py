@@ -322,7 +322,7 @@ class _Worker:
                 lambda t: trial_record(t).stage == STAGE_SEARCH,
                 study.trials,
                 lambda first: run.run(STAGE_SEARCH, sample=self.job.space),
-                lambda: self._search_stall(STAGE_SEARCH, study.trials),
+                lambda: self._search_stall(STAGE_SEARCH, study.trials, self.job.space, {}),
             )
             self._fill([search])
         self._validate()
@@ -347,12 +347,13 @@ class _Worker:
             result = run.run(Stage.SCENARIO, explicit=fixed, sample=rest, hint=hint)
             follow[me] = conservativeness_next(run, rest, result.facts, result.flags)
 
-        stall = functools.partial(self._search_stall, Stage.SCENARIO, quota)
+        stall = functools.partial(self._search_stall, Stage.SCENARIO, quota, rest, fixed)
         self._fill([_Task(Stage.SCENARIO, lambda t: trial_record(t).stage == Stage.SCENARIO, quota, start, stall)])
 
-    def _search_stall(self, stage: str, quota: int) -> str | None:
-        """Why the search stage may end before ``quota`` (said and recorded once), or None:
-        its space was used up (:meth:`StudyRun.end_used_up`), or it stopped improving."""
+    def _search_stall(self, stage: str, quota: int, space: SearchSpace, fixed: Mapping[str, Any]) -> str | None:
+        """Why the search stage (over ``space``, with ``fixed`` on top) may end before ``quota``
+        (said and recorded once), or None: its space was used up (:meth:`StudyRun.end_used_up`),
+        or it stopped improving while more of its space is left than its budget could measure."""
         state = self.run.stage_state(stage)
         if state is not None and state.stalled:
             return state.stalled
@@ -362,7 +363,8 @@ class _Worker:
         noise = self.run.noise().measured
         if noise is None:  # a gain cannot be told from the noise before the noise is measured
             return None
-        why = stall_reason(self.run.finished(stage), directions[0], quota, noise)
+        left = self.run.unmeasured(space, fixed)
+        why = stall_reason(self.run.finished(stage), directions[0], quota, noise, left)
         if why is not None:
             self.progress.message(why)
             self.run.set_stage_state(stage, StageState(done=True, noise=noise, stalled=why))

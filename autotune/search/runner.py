@@ -56,7 +56,7 @@ from autotune.search.record import (
 from autotune.search.space import distribution, finite_points, fits, suggest, suggest_param
 from autotune.search.stage import Stage
 from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded
-from autotune.search.trial import TrialResult, TrialSpec, early_stop_policy, run_trial
+from autotune.search.trial import TrialResult, TrialRunner, TrialSpec, early_stop_policy, run_trial
 from autotune.search.verdict import paired_gains, paired_verdict, slo_misses
 from autotune.search.weightcache import WeightCache
 
@@ -115,8 +115,17 @@ class StudyRun:
     decides which worker re-runs a failed trial.
     """
 
-    def __init__(self, job: TuneJob, adapter: EngineAdapter, study: optuna.Study, progress: Progress):
+    def __init__(
+        self,
+        job: TuneJob,
+        adapter: EngineAdapter,
+        study: optuna.Study,
+        progress: Progress,
+        trial_runner: TrialRunner = run_trial,
+    ):
         self.job, self.adapter, self.study, self.progress = job, adapter, study, progress
+        #: what runs one configuration and classifies it: a real launch, or (benchmarks) a model
+        self.trial_runner = trial_runner
         self.deadline = time.monotonic() + job.study.time_budget_s if job.study.time_budget_s else None
         self.worker = worker_id()
         self.placement: Placement = _anywhere
@@ -352,7 +361,7 @@ class StudyRun:
                         self.job.study, stage, probe, self._incumbent, self._measured_noise, self._was_cut(flags)
                     ),
                 )
-                result = run_trial(spec, self.adapter, workload, self.progress)
+                result = self.trial_runner(spec, self.adapter, workload, self.progress)
         except BaseException:
             # Ctrl-C or a bug: the engine is already torn down; record the trial as failed so the
             # study stays consistent and a resume re-runs it.
@@ -474,6 +483,15 @@ class StudyRun:
 
     def _measured_noise(self) -> float | None:
         return self.noise().measured
+
+    def unmeasured(self, space: SearchSpace, fixed: Mapping[str, Any]) -> int | None:
+        """How many configurations of ``space`` (with ``fixed`` on top) nothing has measured
+        yet, or None when the space is too large to list."""
+        points = finite_points(space)
+        if points is None:
+            return None
+        seen = measured(self.trials())
+        return sum(config_key(self.flags({**fixed, **point})) not in seen for point in points)
 
     def _was_cut(self, flags: Mapping[str, Any]) -> bool:
         """Whether a trial of this configuration was cut early as unable to win: then it runs in

@@ -66,10 +66,22 @@ class NoisyStagnation(BaseImprovementEvaluator):
         return float(self.patience - (len(finished) - 1 - best_at))
 
 
-def stall_reason(trials: Sequence[FrozenTrial], direction: StudyDirection, budget: int, noise: float) -> str | None:
-    """Why the search may stop now (None: go on). ``trials``: the search stage's, in order."""
+def stall_reason(
+    trials: Sequence[FrozenTrial],
+    direction: StudyDirection,
+    budget: int,
+    noise: float,
+    unmeasured: int | None = None,
+) -> str | None:
+    """Why the search may stop now (None: go on). ``trials``: the search stage's, in order;
+    ``unmeasured``: the configurations of its space nothing has measured yet (None: too many to
+    list). A space the rest of the budget can measure whole is measured whole: the rule's premise,
+    that the sampler has by then tried around the incumbent, says little about the few points of
+    a small space left untried, and running them costs no more than the budget the user gave."""
     finished = [t for t in trials if t.state.is_finished()]
     if len(finished) < MIN_TRIALS or len(finished) >= budget:
+        return None
+    if unmeasured is not None and unmeasured <= budget - len(finished):
         return None
     patience = patience_for(budget)
     if NoisyStagnation(patience, noise).evaluate(list(finished), direction) >= 0:

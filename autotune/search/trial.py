@@ -62,7 +62,16 @@ from autotune.search.objective import Score, score
 from autotune.search.progress import NullProgress, Progress
 from autotune.search.stage import Stage
 
-__all__ = ["GRAPH_FACTS", "NEVER_STOPPED", "TrialResult", "TrialSpec", "early_stop_policy", "graph_facts", "run_trial"]
+__all__ = [
+    "GRAPH_FACTS",
+    "NEVER_STOPPED",
+    "TrialResult",
+    "TrialRunner",
+    "TrialSpec",
+    "early_stop_policy",
+    "graph_facts",
+    "run_trial",
+]
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
@@ -568,6 +577,11 @@ class _Watchdog:
         self._thread.join(timeout=5)
 
 
+#: Runs one trial's configuration and returns its classified result: :func:`run_trial` launches
+#: the engine; the search-efficiency benchmark hands StudyRun a simulator-backed one.
+TrialRunner = Callable[[TrialSpec, EngineAdapter, Workload, Progress | None], TrialResult]
+
+
 def run_trial(
     spec: TrialSpec, adapter: EngineAdapter, workload: Workload, progress: Progress | None = None
 ) -> TrialResult:
@@ -594,9 +608,7 @@ def run_trial(
     return result
 
 
-def _run_once(
-    spec: TrialSpec, adapter: EngineAdapter, workload: Workload, progress: Progress | None
-) -> TrialResult:
+def _run_once(spec: TrialSpec, adapter: EngineAdapter, workload: Workload, progress: Progress | None) -> TrialResult:
     t = _Trial(spec, adapter, workload, progress or NullProgress())
     result = TrialResult(spec.number, spec.stage, Outcome.CRASH, spec.flags, [], {}, log_path=str(t.log_path))
     t0 = time.monotonic()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.search.stages import _full_coverage
+from autotune.search.stages.graphs import _full_coverage
 
 
 def test_sglang_pass_counter_with_no_eager_pass_stops() -> None:

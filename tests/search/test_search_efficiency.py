@@ -1,13 +1,13 @@
-"""The search-efficiency benchmark: its harness, and a check that the staged method wins.
+"""The search-efficiency benchmark: its harness, and a check that holds every case where it stands.
 
-The win check runs a cut-down version of ``benchmarks/search_efficiency.py`` (fewer requests per
-run, fewer seeds) and fails when staged does not reach 97 % of the optimum on every seed, or
-costs more modelled engine-seconds (median over seeds) than the better of TPE and random.
+The benchmark runs the product's own methods (``StudyRun`` and its stages) on the simulator in
+this process. The all-cases check runs a cut-down version of it (fewer requests per run, fewer
+seeds) and fails when a case where staged costs the fewest modelled engine-seconds to 97 % of the
+optimum stops winning, or a case where it loses loses by more than its recorded margin.
 """
 
 from __future__ import annotations
 
-import random
 import statistics
 from typing import Any
 
@@ -19,24 +19,34 @@ from autotune.search.stages import peak_workload
 
 SEEDS = 3
 BUDGET = 30
-# The cases the win check runs, each with fewer requests per run so that it stays fast.
-WIN_CASES = {
+# Every case, with the requests per run the check uses (fewer than the benchmark's, to stay fast).
+PROMPTS = {
     "qwen7b-l4-offline": 128,
+    "llama8b-4090-chat-kvdtype": 96,
+    "llama8b-h100-chat-p95": 128,
+    "llama8b-a100-40-longctx": 24,
+    "qwen3moe-h100-tp2-offline": 128,
     "qwen72b-tp4-h100-chat": 128,
     "sglang-llama8b-h100-chat": 160,
+    "sglang-qwen7b-l4-offline": 128,
     "llama70b-tp2-h100-offline": 128,
 }
-# Left out. Staged loses on these today (benchmark: 10 seeds, budget 40, full request counts):
-# - llama8b-4090-chat-kvdtype: staged 2,759 median engine-s (10/10 seeds) vs random 1,372. The
-#   memory probes and the graph walk cost ~10 trials before the scenario search, and half the
-#   space is near the optimum.
-# - qwen3moe-h100-tp2-offline: staged 707 vs TPE/random 343, for the same reason.
-# - llama8b-h100-chat-p95: staged 2,098 (9/10) vs TPE 1,736. The optimum (64 running, 2,048 tokens)
-#   needs a smaller chunk too, and the TPOT move only halves the running cap.
-# - sglang-qwen7b-l4-offline: staged 0/10 seeds reach 97 %. The optimum (0.92) OOMs under the
-#   peak shape at the space's largest running cap, so staged never runs it.
-# Left out because it measures nothing: llama8b-a100-40-longctx, where the defaults are at 99 %
-# and every method reaches 97 % on trial 1.
+# Where each case stands at these settings (GPU-class noise, 3 seeds, 30 search trials): seeds of
+# staged that reached 97 %, and staged's median engine-seconds to 97 % over the better of TPE and
+# random (≤ 1: staged wins). Recorded from the run below; a change may improve them, never worsen
+# them beyond the slack.
+RECORDED: dict[str, tuple[int, float]] = {
+    "qwen7b-l4-offline": (3, 0.0),  # TPE and random never reach 97 % here
+    "llama8b-4090-chat-kvdtype": (3, 1.39),
+    "llama8b-h100-chat-p95": (3, 4.55),
+    "llama8b-a100-40-longctx": (3, 1.0),  # the defaults are at 99 %: every method reaches on trial 1
+    "qwen3moe-h100-tp2-offline": (3, 1.0),
+    "qwen72b-tp4-h100-chat": (3, 0.97),
+    "sglang-llama8b-h100-chat": (3, 0.30),
+    "sglang-qwen7b-l4-offline": (0, 1.0),  # nobody reaches 97 % (the optimum OOMs under the peak shape)
+    "llama70b-tp2-h100-offline": (3, 0.0),  # TPE and random never reach 97 % here
+}
+SLACK = 1.10
 
 
 @pytest.fixture(scope="module")
@@ -70,47 +80,56 @@ def test_exhaustive_optimum_is_feasible(tiny: Any) -> None:
     assert r.true_outcome == Outcome.OK and r.true_value == optimum
 
 
+@pytest.mark.sim  # the product's methods read the simulated engine's --help
 @pytest.mark.parametrize("method", ["staged", "tpe", "random", "bo5", "grid"])
 def test_methods_never_beat_the_optimum(tiny: Any, se: Any, method: str) -> None:
     obj, (optimum, _) = tiny
-    trials = se.run_method(obj, method, 0, 12)
-    assert 0 < len(trials) <= 12
+    ledger = se.run_ledger(obj, method, 0, 12)
+    trials = ledger.trials
+    # A peer stops at its budget; the product's search trials are the budget and its baseline,
+    # noise runs, stage runs and validation come on top, as in `autotune tune`.
+    assert 0 < len(trials) <= (12 if method in ("bo5", "grid") else 12 + 20)
     assert all(t.result.cost_s > 0 for t in trials)
-    reached = se.reach(trials, optimum)
+    reached = se.reach(ledger, optimum)
     assert reached.best <= 1 + 1e-9
     assert reached.trials is None or 1 <= reached.trials <= len(trials)
 
 
-def test_staged_tells_every_run_it_decided_to_its_sampler(tiny: Any, se: Any) -> None:
-    # As the product's one study records them: the baseline with no values, a memory probe with
-    # its fraction only, and each scenario trial with the fixed values it carried.
+@pytest.mark.sim
+def test_the_benchmark_runs_the_products_own_stages(tiny: Any, se: Any) -> None:
     obj, _ = tiny
-    ledger = se.Ledger(obj, 12, random.Random(0))
-    se.METHODS["staged"](ledger, 0)
-    told = ledger.study.get_trials()
-    assert len(told) == len(ledger.trials)
-    assert told[0].params == {}
-    probes = [t for t, run in zip(told, ledger.trials, strict=True) if run.stage == "memory_edge"]
-    assert probes and all(set(t.params) == {"memory_fraction"} for t in probes)
-    fresh = se.Ledger(obj, 12, random.Random(0), told=False)
-    se.METHODS["staged"](fresh, 0)
-    assert fresh.study is None
+    ledger = se.run_ledger(obj, "staged", 0, 12)
+    stages = [str(t.stage) for t in ledger.trials]
+    assert stages[:3] == ["baseline", "noise", "context"]
+    order = ["baseline", "noise", "context", "memory_edge", "cuda_graph", "scenario", "validation"]
+    assert [s for s in order if s in stages] == sorted(set(stages), key=order.index)
+    assert "validation" in stages and ledger.pick in ledger.trials
+    # Only what vLLM logs and exports reaches the stages: its graph table, not the model's own
+    # count of decode steps that ran without a graph.
+    served = [t.result.facts for t in ledger.trials if t.result.outcome.served]
+    assert served and all("graph_steps" in f and "eager_decode_steps" not in f for f in served)
 
 
+def test_a_modelled_failure_reaches_the_study_as_the_engine_would_report_it(se: Any) -> None:
+    # A start-up OOM names its cause and is not transient, so the product does not retry it.
+    spec = se.TrialSpec(3, "scenario", {"--gpu-memory-utilization": 0.99}, None)
+    run = se.Result(Outcome.OOM_STARTUP, None, 42.0)
+    result = se._trial_result(spec, run, next(iter(se.CASES)).workload, [], "0.32.0")
+    assert result.outcome == Outcome.OOM_STARTUP and result.timings["total_s"] == 42.0
+    assert result.facts["root_cause"]["kind"] == "oom_startup" and result.facts["transient"] is False
+    assert result.facts["failed_at"] == "startup" and "out of memory" in result.reason
+
+
+@pytest.mark.sim
 def test_the_products_search_never_repeats_a_measured_point(tiny: Any, se: Any) -> None:
     # TPE re-proposes points it measured; the product withdraws such a trial and runs an
-    # unmeasured point instead (autotune/search/novelty.py), as the benchmark's ledger does.
+    # unmeasured point instead (autotune/search/novelty.py). Only the baseline, the noise runs
+    # and validation measure a configuration again, on purpose.
     obj, _ = tiny
-
-    def repeats(skip: bool) -> int:
-        count = 0
-        for seed in range(8):
-            keys = [str(sorted(t.params.items())) for t in se.run_method(obj, "tpe", seed, 20, skip_repeats=skip)]
-            count += len(keys) - len(set(keys))
-        return count
-
-    assert repeats(skip=True) == 0
-    assert repeats(skip=False) > 0  # without the rule TPE does repeat here: the check above can fail
+    for seed in range(4):
+        ledger = se.run_ledger(obj, "tpe", seed, 20)
+        keys = [str(sorted(t.params.items())) for t in ledger.trials if t.stage == "search"]
+        assert len(keys) > 5 and len(keys) == len(set(keys)), seed
 
 
 @pytest.mark.slow  # whole simulated studies in virtual time: 20-40 s of CPU each
@@ -135,7 +154,7 @@ def test_one_round_of_peak_requests_gives_the_probe_verdicts_of_two(se: Any, nam
 def test_peer_probe_checks_startup_only(tiny: Any, se: Any) -> None:
     # auto_tune.sh keeps the first fraction that starts, from 0.98 down: no run-time check.
     obj, _ = tiny
-    trials = se.run_method(obj, "grid", 0, 3)
+    trials = se.run_ledger(obj, "grid", 0, 3).trials
     assert trials[0].stage == "grid_probe" and trials[0].params["memory_fraction"] == 0.98
 
 
@@ -148,15 +167,50 @@ def test_a_failed_start_costs_less_than_a_served_run(se: Any) -> None:
     assert 0 < refused.cost_s < served.cost_s
 
 
-@pytest.mark.slow  # every method over seeds on a case: up to 100 s of CPU each
-@pytest.mark.parametrize("name", list(WIN_CASES))
-def test_staged_reaches_the_optimum_for_less_engine_time(se: Any, name: str) -> None:
-    obj = se.SimObjective(_shrunk(se, name, WIN_CASES[name]))
+@pytest.mark.sim
+def test_a_flat_search_over_a_space_its_budget_covers_measures_every_point(tiny: Any, se: Any) -> None:
+    # Two requests at a time: every running cap serves alike, so the search stalls from its first
+    # trial; with 16 points and a budget of 30 the rest of the budget covers what is left, so the
+    # stop rule waits and the search ends only when the space is used up.
+    obj, _ = tiny
+    space = se.SearchSpace.model_validate(
+        {
+            "params": {
+                "max_running": {"type": "categorical", "choices": [2, 4, 8, 16]},
+                "batched_tokens": {"type": "categorical", "choices": [2048, 4096, 8192, 16384]},
+            }
+        }
+    )
+    case = se.Case("small", obj.case.engine, obj.case.model, obj.case.gpu, obj.case.tp, obj.case.workload, space)
+    ledger = se.run_ledger(se.SimObjective(case), "tpe", 0, 30)
+    searched = {str(sorted(t.params.items())) for t in ledger.trials if t.stage == "search"}
+    assert len(searched) == 16
+
+
+def staged_standing(se: Any, name: str) -> tuple[int, float]:
+    """(seeds of staged that reached 97 %, staged's median engine-seconds to 97 % over the better
+    of TPE's and random's) on the cut-down case."""
+    obj = se.SimObjective(_shrunk(se, name, PROMPTS[name]))
     optimum, _ = se.exhaustive(obj)
     cost: dict[str, float] = {}
+    reached = 0
     for method in ("staged", "tpe", "random"):
-        reaches = [se.reach(se.run_method(obj, method, seed, BUDGET), optimum) for seed in range(SEEDS)]
+        reaches = [se.reach(se.run_ledger(obj, method, seed, BUDGET), optimum) for seed in range(SEEDS)]
         if method == "staged":
-            assert all(r.trials is not None for r in reaches), f"staged missed 97 % on {name}: {reaches}"
+            reached = sum(r.trials is not None for r in reaches)
         cost[method] = statistics.median(r.seconds if r.seconds is not None else float("inf") for r in reaches)
-    assert cost["staged"] <= min(cost["tpe"], cost["random"]), f"{name}: engine-seconds {cost}"
+    best_other = min(cost["tpe"], cost["random"])
+    if best_other == float("inf"):
+        return reached, 1.0 if cost["staged"] == float("inf") else 0.0  # nobody else reached 97 %
+    return reached, cost["staged"] / best_other
+
+
+@pytest.mark.sim
+@pytest.mark.slow  # every product method over seeds on a case: up to a minute of CPU each
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_every_case_holds_where_it_stands(se: Any, name: str) -> None:
+    reached, ratio = staged_standing(se, name)
+    was_reached, was_ratio = RECORDED[name]
+    assert reached >= was_reached, f"{name}: staged reached 97 % on {reached}/{SEEDS} seeds, was {was_reached}"
+    bound = 1.0 if was_ratio <= 1.0 else was_ratio * SLACK  # a win stays a win
+    assert ratio <= bound, f"{name}: staged costs {ratio:.2f}× the better plain search (was {was_ratio:.2f})"

@@ -89,7 +89,7 @@ def test_a_tp_only_assumption_skips_single_gpu_cases(ss: Any) -> None:
         @staticmethod
         def evaluate_case(c: Any, *a: Any) -> Any:
             calls.append((c.name, str(memory.NCCL_GIB)))
-            return Namespace(case=c.name, optimum=1.0, default_share=1.0, default_outcome="ok", methods={})
+            return [Namespace(case=c.name, optimum=1.0, default_share=1.0, default_outcome="ok", methods={})]
 
     args = Namespace(seeds=1, budget=1, methods=[], noise=0.0)
     tp2 = next(c for c in se.CASES if c.tp == 2)

@@ -69,6 +69,14 @@ def test_short_or_finished_searches_never_stop_early() -> None:
     assert stall_reason(_search([100.0] * 20), MAX, 20, 0.05) is None  # the budget is spent anyway
 
 
+def test_a_space_the_rest_of_the_budget_can_cover_is_measured_whole() -> None:
+    budget = 30
+    flat = _search([100.0] * 14)  # 13 trials since the best: stalled
+    assert stall_reason(flat, MAX, budget, 0.05) is not None  # a space too large to list
+    assert stall_reason(flat, MAX, budget, 0.05, unmeasured=17) is not None  # more than the 16 trials left
+    assert stall_reason(flat, MAX, budget, 0.05, unmeasured=16) is None
+
+
 def test_a_minimised_objective_gains_downwards() -> None:
     budget = 30
     falling = [100.0] * 5 + [80.0] + [100.0] * 7  # 20 % lower latency at trial 6
@@ -111,20 +119,21 @@ def _benchmark() -> Any:
     return load_benchmark("stop_when_done")
 
 
-def test_the_benchmark_applies_the_rule_to_the_search_stage_only() -> None:
+def test_the_benchmark_compares_one_seeds_study_with_and_without_the_rule() -> None:
     bench = _benchmark()
     se = sys.modules["search_efficiency"]
 
-    def run(stage: str, value: float, true: float) -> Any:
-        result = se.Result(Outcome.OK, value, 10.0, true_outcome=Outcome.OK, true_value=true)
-        return se.Trial(stage, {}, result)
+    def ledger(values: list[float], pick: int) -> Any:
+        trials = [
+            se.Trial("search", {}, se.Result(Outcome.OK, v, 10.0, true_outcome=Outcome.OK, true_value=v))
+            for v in values
+        ]
+        return se.Ledger(None, 40, None, trials, trials[pick])
 
-    flat = [run("baseline", 50.0, 50.0), *(run("tpe", 100.0, 100.0) for _ in range(20))]
-    assert bench.stop_point(flat, "tpe", 0.05) == 1 + MIN_TRIALS  # the 12th search trial ends it
-    rising = [run("baseline", 50.0, 50.0), *(run("tpe", 100.0 * 1.1**i, 100.0 * 1.1**i) for i in range(20))]
-    assert bench.stop_point(rising, "tpe", 0.05) is None
-    # The optimum 200 is reached only at the last trial: stopping at 13 of 21 lost it.
-    late = [*flat[:-1], run("tpe", 200.0, 200.0)]
-    stop = bench.apply_rule(late, "tpe", optimum=200.0, noise=0.05)
-    assert stop.at == 13 and stop.lost_target and stop.pick_kept == 0.5
+    # The optimum 200 came only at the last of 21 runs: the stop at 13 lost it and kept half.
+    full = ledger([100.0] * 20 + [200.0], pick=20)
+    stop = bench.compare(ledger([100.0] * 13, pick=0), full, optimum=200.0)
+    assert stop.stopped and stop.lost_target and stop.pick_kept == 0.5
     assert abs(stop.saved_share - 8 / 21) < 1e-9
+    same = bench.compare(full, full, optimum=200.0)
+    assert not same.stopped and not same.lost_target and same.saved_share == 0.0 and same.pick_kept == 1.0

@@ -339,9 +339,9 @@ def test_memory_edge_on_the_cpu_build_probes_node_memory(tmp_path: Path, monkeyp
     # vLLM-CPU's semantics in the simulator: a 16 GiB node, the fraction a share of it; Qwen3-0.6B's
     # 1.2 GiB of weights + the worker's 0.6 GiB leave nothing for the KV cache at 0.10.
     from autotune.runtime.hostmem import GIB, NodeMemory
-    from autotune.search import stages
+    from autotune.search.stages import memory
 
-    monkeypatch.setattr(stages, "node_memory", lambda: NodeMemory(total=16 * GIB, available=5 * GIB))
+    monkeypatch.setattr(memory, "node_memory", lambda: NodeMemory(total=16 * GIB, available=5 * GIB))
     engine = sim_engine(env={"VLLM_TARGET_DEVICE": "cpu", "AUTOTUNE_SIM_HOST_MEMORY_GIB": "16/15"})
     engine = engine.model_copy(update={"model": "Qwen/Qwen3-0.6B", "fixed_flags": {"context_len": 1024}})
     space = {
