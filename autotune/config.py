@@ -830,9 +830,9 @@ class StudySettings(StrictModel):
     noise_runs: int = Field(
         default=1,
         ge=0,
-        description="Launches of the engine's defaults right after the baseline, to measure the run-to-run "
-        "noise every decision allows for (0: none; trials are then never cut as unable to win until re-runs "
-        "measure it).",
+        description="Launches of the engine's defaults right after the baseline (of the first run that served, "
+        "when the defaults did not), to measure the run-to-run noise every decision allows for (0: none; trials "
+        "are then never cut as unable to win until re-runs measure it).",
     )
     stable_within: float | None = Field(
         default=0.05,

@@ -321,11 +321,15 @@ class _Worker:
                 STAGE_SEARCH,
                 lambda t: trial_record(t).stage == STAGE_SEARCH,
                 study.trials,
-                lambda first: run.run(STAGE_SEARCH, sample=self.job.space),
+                lambda first: self._search_trial(),
                 lambda: self._search_stall(STAGE_SEARCH, study.trials, self.job.space, {}),
             )
             self._fill([search])
         self._validate()
+
+    def _search_trial(self) -> None:
+        self.run.run(STAGE_SEARCH, sample=self.job.space)
+        self.run.measure_noise()  # when the defaults did not serve, on the first search trial that did
 
     def _scenario(self, quota: int, fixed: dict[str, Any]) -> None:
         run = self.run

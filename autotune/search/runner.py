@@ -43,6 +43,7 @@ from autotune.search.record import (
     INTERRUPTED,
     WITHDRAWN,
     StageState,
+    TrialRecord,
     set_stage_state,
     set_stopped,
     set_validation,
@@ -106,6 +107,12 @@ def _deterministic_failure(t: FrozenTrial) -> tuple[str, str] | None:
     return str(cause["signature"]), str(facts["failed_at"])
 
 
+def _serves_the_workload(record: TrialRecord) -> bool:
+    """A served run of the study's own workload, as first measured (not a re-run of another)."""
+    own = record.workload_override is None and not record.is_probe
+    return own and record.stage not in (STAGE_NOISE, STAGE_VALIDATION) and Outcome(record.outcome or "crash").served
+
+
 class StudyRun:
     """Trial plumbing shared by every stage.
 
@@ -137,6 +144,7 @@ class StudyRun:
         # An enqueued trial is popped by whichever ask() comes next, and the sampler sees a
         # running trial only once its params are suggested: ask and sample one trial at a time.
         self._ask_lock = threading.Lock()
+        self._noise_lock = threading.Lock()  # one slot launches the noise runs
         # A CPU engine would take the load generator's cores: split them (runtime/cpuset.py).
         self.cpus = plan_partition() if job.study.partition_cpus and adapter.runs_on_cpu() else None
         if self.cpus is not None:
@@ -149,8 +157,9 @@ class StudyRun:
         ts = self.study.get_trials(deepcopy=False)
         return [t for t in ts if stage is None or trial_record(t).stage == stage]
 
-    def finished(self, stage: str) -> list[FrozenTrial]:
-        """Trials that count toward a stage's quota: finished and not superseded by a retry."""
+    def finished(self, stage: str | None = None) -> list[FrozenTrial]:
+        """Trials that count toward a stage's quota (every stage's when None): finished and not
+        superseded by a retry."""
         replaced = superseded(self.trials())
         return [t for t in self.trials(stage) if t.state.is_finished() and t.number not in replaced]
 
@@ -533,14 +542,26 @@ class StudyRun:
             self.run(STAGE_BASELINE)
 
     def measure_noise(self) -> None:
-        """The engine's defaults again on fresh engines (``noise_runs``), right after the
-        baseline: two measurements of one configuration give the study its run-to-run noise
-        before the first decision that compares two runs needs it."""
-        served = [t for t in self.finished(STAGE_BASELINE) if Outcome(trial_record(t).outcome or "crash").served]
-        if not served or not self.job.study.noise_runs:
-            return  # no baseline served: nothing to launch again
-        while len(self.finished(STAGE_NOISE)) < self.job.study.noise_runs and not self.out_of_time():
-            self.run(STAGE_NOISE, explicit=trial_record(served[0]).params or {})
+        """The study's first served configuration again on fresh engines (``noise_runs``): two
+        measurements of one configuration give the study its run-to-run noise before the first
+        decision that compares two runs needs it. That is the engine's defaults, right after the
+        baseline; when they did not serve (a default context too long for the card), the first
+        run that did, so a study whose defaults fail still decides on noise it measured. Called
+        after each early run until it has launched its runs; a no-op from then on, and in a study
+        without a baseline (it skips the runs that only measure)."""
+        wanted = self.job.study.noise_runs if self.job.study.baseline else 0
+        if not wanted or len(self.finished(STAGE_NOISE)) >= wanted:
+            return
+        first = next((r for r in trial_records(self.finished()) if _serves_the_workload(r)), None)
+        if first is None:
+            return  # nothing served yet: nothing to launch again
+        if not self._noise_lock.acquire(blocking=False):
+            return  # another slot is measuring it; this one goes on searching
+        try:
+            while len(self.finished(STAGE_NOISE)) < wanted and not self.out_of_time():
+                self.run(STAGE_NOISE, explicit=first.params or {})
+        finally:
+            self._noise_lock.release()
         self.progress.message(self.noise().describe())
 
     def validation_groups(self, finalists: list[FrozenTrial]) -> list[tuple[int | str, dict[str, Any]]]:

@@ -37,7 +37,7 @@ PROMPTS = {
 # them beyond the slack.
 RECORDED: dict[str, tuple[int, float]] = {
     "qwen7b-l4-offline": (3, 0.0),  # TPE and random never reach 97 % here
-    "llama8b-4090-chat-kvdtype": (3, 1.39),
+    "llama8b-4090-chat-kvdtype": (3, 1.69),
     "llama8b-h100-chat-p95": (3, 4.55),
     "llama8b-a100-40-longctx": (3, 1.0),  # the defaults are at 99 %: every method reaches on trial 1
     "qwen3moe-h100-tp2-offline": (3, 1.0),
@@ -165,6 +165,18 @@ def test_a_failed_start_costs_less_than_a_served_run(se: Any) -> None:
     refused = obj({"context_len": case.context_len, "memory_fraction": 0.99})
     assert served.outcome.served and refused.outcome == Outcome.OOM_STARTUP
     assert 0 < refused.cost_s < served.cost_s
+
+
+@pytest.mark.sim
+def test_a_study_whose_defaults_fail_measures_its_noise_on_the_first_run_that_served(se: Any) -> None:
+    # The 4090's default context does not fit: the baseline is kv_insufficient, so the study
+    # re-runs the context run's configuration to measure its noise before any decision needs it.
+    obj = se.SimObjective(_shrunk(se, "llama8b-4090-chat-kvdtype", 16))
+    ledger = se.run_ledger(obj, "staged", 0, 12)
+    stages = [str(t.stage) for t in ledger.trials]
+    assert ledger.trials[0].result.outcome == Outcome.KV_INSUFFICIENT
+    assert stages[:3] == ["baseline", "context", "noise"]
+    assert ledger.trials[2].params == ledger.trials[1].params
 
 
 @pytest.mark.sim

@@ -84,6 +84,7 @@ def sequential_stages(run: StudyRun, budget: Mapping[str, int], memory_mode: str
     fixed: dict[str, Any] = {}
     move = slo_first(run, STAGE_BASELINE)
     fixed.update(context(run, fixed, move))
+    run.measure_noise()  # when the defaults did not serve, on the context run's configuration
     move = move or slo_first(run, Stage.CONTEXT)  # the defaults may first serve with the context set
     edge = memory_edge(run, budget[Stage.MEMORY_EDGE], fixed, memory_mode)
     if edge is not None:
