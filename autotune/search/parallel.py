@@ -350,6 +350,7 @@ class _Worker:
                 run.progress.message(f"scenario search ({scenario} workload): first trial from {why}")
             result = run.run(Stage.SCENARIO, explicit=fixed, sample=rest, hint=hint)
             follow[me] = conservativeness_next(run, rest, result.facts, result.flags)
+            run.measure_noise()  # when no earlier run served, on the first scenario trial that did
 
         stall = functools.partial(self._search_stall, Stage.SCENARIO, quota, rest, fixed)
         self._fill([_Task(Stage.SCENARIO, lambda t: trial_record(t).stage == Stage.SCENARIO, quota, start, stall)])

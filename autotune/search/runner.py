@@ -128,11 +128,12 @@ class StudyRun:
         adapter: EngineAdapter,
         study: optuna.Study,
         progress: Progress,
-        trial_runner: TrialRunner = run_trial,
+        trial_runner: TrialRunner | None = None,
     ):
         self.job, self.adapter, self.study, self.progress = job, adapter, study, progress
-        #: what runs one configuration and classifies it: a real launch, or (benchmarks) a model
-        self.trial_runner = trial_runner
+        #: what runs one configuration and classifies it: a real launch (``run_trial``, looked up
+        #: when the run is built), or in the search-efficiency benchmark a model
+        self.trial_runner: TrialRunner = trial_runner or run_trial
         self.deadline = time.monotonic() + job.study.time_budget_s if job.study.time_budget_s else None
         self.worker = worker_id()
         self.placement: Placement = _anywhere
