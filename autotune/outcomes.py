@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Outcome"]
+__all__ = ["SERVED", "Outcome"]
 
 
 class Outcome(StrEnum):
@@ -41,3 +41,7 @@ class Outcome(StrEnum):
     @property
     def memory_related(self) -> bool:
         return self in (Outcome.OOM_STARTUP, Outcome.KV_INSUFFICIENT, Outcome.OOM_RUNTIME)
+
+
+#: The outcomes whose trials carry measurements, as stored (a record's outcome is its string).
+SERVED = frozenset(o.value for o in Outcome if o.served)

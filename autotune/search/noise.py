@@ -27,7 +27,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.outcomes import Outcome
+from autotune.outcomes import SERVED
 from autotune.search.novelty import config_key
 from autotune.search.record import trial_records
 
@@ -36,7 +36,6 @@ __all__ = ["FLOOR", "StudyNoise", "runs_by_configuration", "study_noise"]
 # Two runs that agree closely by chance must not make every decision hair-trigger: the smallest
 # figure a decision is allowed to rest on. The only noise constant a decision uses.
 FLOOR = 0.02
-_SERVED = {str(Outcome.OK), str(Outcome.SLO_VIOLATION)}
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ def study_noise(trials: Iterable[FrozenTrial], metric: str) -> StudyNoise:
     spreads += [
         (float(r.spread[metric]), f"repeated runs of trial {r.number} on one engine")
         for r in records
-        if r.outcome in _SERVED and r.spread.get(metric)
+        if r.outcome in SERVED and r.spread.get(metric)
     ]
     if not spreads:
         return StudyNoise(None, "no configuration measured twice yet")
@@ -95,7 +94,7 @@ def runs_by_configuration(trials: list[FrozenTrial], metric: str) -> dict[str, t
     runs and the defaults' validation runs each form one group."""
     groups: dict[str, tuple[list[int], list[float]]] = {}
     for t, r in zip(trials, trial_records(trials), strict=True):
-        if t.state != TrialState.COMPLETE or r.is_probe or r.outcome not in _SERVED:
+        if t.state != TrialState.COMPLETE or r.is_probe or r.outcome not in SERVED:
             continue
         value = r.metrics.get(metric)
         if r.flags is None or value is None:

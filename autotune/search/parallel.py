@@ -368,8 +368,10 @@ class _Worker:
         noise = self.run.noise().measured
         if noise is None:  # a gain cannot be told from the noise before the noise is measured
             return None
-        left = self.run.unmeasured(space, fixed)
-        why = stall_reason(self.run.finished(stage), directions[0], quota, noise, left)
+        finished = self.run.finished(stage)
+        why = stall_reason(finished, directions[0], quota, noise)
+        if why is not None:  # only then is it worth listing the space for what is left of it
+            why = stall_reason(finished, directions[0], quota, noise, self.run.unmeasured(space, fixed))
         if why is not None:
             self.progress.message(why)
             self.run.set_stage_state(stage, StageState(done=True, noise=noise, stalled=why))

@@ -22,6 +22,7 @@ import optuna
 from optuna.trial import BaseTrial, FrozenTrial
 
 from autotune.errors import StudyError
+from autotune.outcomes import SERVED
 
 __all__ = [
     "INTERRUPTED",
@@ -112,6 +113,12 @@ class TrialRecord:
     def is_probe(self) -> bool:
         """A run under another workload than the study's (a memory probe's peak shape)."""
         return bool(self.workload_override)
+
+    @property
+    def served_its_workload(self) -> bool:
+        """Served the study's own workload (within its SLOs or not): a run whose numbers say
+        what the study's configuration does."""
+        return not self.is_probe and self.outcome in SERVED
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(TrialRecord)) - {"number"}

@@ -107,10 +107,9 @@ def _deterministic_failure(t: FrozenTrial) -> tuple[str, str] | None:
     return str(cause["signature"]), str(facts["failed_at"])
 
 
-def _serves_the_workload(record: TrialRecord) -> bool:
-    """A served run of the study's own workload, as first measured (not a re-run of another)."""
-    own = record.workload_override is None and not record.is_probe
-    return own and record.stage not in (STAGE_NOISE, STAGE_VALIDATION) and Outcome(record.outcome or "crash").served
+def _first_measurement(record: TrialRecord) -> bool:
+    """A served run of the study's own workload that is not itself a re-run of another."""
+    return record.served_its_workload and record.stage not in (STAGE_NOISE, STAGE_VALIDATION)
 
 
 class StudyRun:
@@ -553,7 +552,7 @@ class StudyRun:
         wanted = self.job.study.noise_runs if self.job.study.baseline else 0
         if not wanted or len(self.finished(STAGE_NOISE)) >= wanted:
             return
-        first = next((r for r in trial_records(self.finished()) if _serves_the_workload(r)), None)
+        first = next((r for r in trial_records(self.finished()) if _first_measurement(r)), None)
         if first is None:
             return  # nothing served yet: nothing to launch again
         if not self._noise_lock.acquire(blocking=False):

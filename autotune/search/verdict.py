@@ -17,7 +17,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from autotune.outcomes import Outcome
+from autotune.outcomes import SERVED
 from autotune.search.objective import is_feasible
 from autotune.search.record import trial_record
 from autotune.search.storage import primary_value
@@ -25,12 +25,9 @@ from autotune.search.storage import primary_value
 __all__ = ["paired_gains", "paired_verdict", "slo_misses"]
 
 
-_SERVED = {o.value for o in Outcome if o.served}
-
-
 def _served(t: FrozenTrial) -> bool:
     """The engine served the workload (within its SLOs or not), so the run has measurements."""
-    return trial_record(t).outcome in _SERVED and bool(t.values)
+    return trial_record(t).outcome in SERVED and bool(t.values)
 
 
 def _missed_slos(t: FrozenTrial) -> bool:

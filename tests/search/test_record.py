@@ -95,3 +95,12 @@ def test_the_manifest_names_the_engine_versions_and_compile_caches_the_trials_re
     assert manifest["engine"] == {"name": "vllm", "simulated": False, "versions": ["0.32.0"], "compile_caches": caches}
     assert manifest["config"] == {"workload": {"name": "w"}}
     assert set(manifest["host"]) >= {"cpu", "memory_bytes", "gpus", "python", "platform"}
+
+
+def test_a_run_served_its_workload_only_when_it_served_the_studys_own() -> None:
+    assert TrialRecord(number=1, outcome="ok").served_its_workload
+    assert TrialRecord(number=1, outcome="slo_violation").served_its_workload  # measured, SLO missed
+    assert not TrialRecord(number=1, outcome="kv_insufficient").served_its_workload
+    assert not TrialRecord(number=1, outcome=None).served_its_workload  # never finished
+    probe = TrialRecord(number=1, outcome="ok", workload_override={"num_prompts": 64})
+    assert not probe.served_its_workload  # a memory probe's peak shape says nothing of the workload

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.outcomes import Outcome
 from autotune.search.record import StageState, TrialRecord, trial_record, trial_records
 from autotune.search.runner import StudyRun
 from autotune.search.storage import primary_value
@@ -36,7 +35,7 @@ def existing_run(run: StudyRun, stage: str, params: Mapping[str, Any]) -> dict[s
 def served_record(run: StudyRun, stage: str) -> TrialRecord | None:
     """The stage's first served run of the study's own workload."""
     for r in trial_records(run.finished(stage)):
-        if r.outcome in (Outcome.OK, Outcome.SLO_VIOLATION) and r.workload_override is None:
+        if r.served_its_workload:
             return r
     return None
 

@@ -224,7 +224,7 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
 def _predicted_start(run: StudyRun, low: float, high: float) -> float | None:
     """Where to start probing: the edge the earliest served run's start-up memory predicts."""
     for r in trial_records(run.trials()):
-        if r.outcome in (Outcome.OK, Outcome.SLO_VIOLATION) and r.workload_override is None:
+        if r.served_its_workload:
             return predict_memory_edge(r.facts, low, high)
     return None
 
