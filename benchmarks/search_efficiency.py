@@ -10,8 +10,8 @@ and ``step_bytes`` of every served step against the plan's run-time free memory 
 load. So the whole discretised space can be evaluated and its true optimum is known.
 
 **The product's own methods.** ``staged``, ``tpe`` and ``random`` are ``autotune tune`` itself:
-the case's job goes to ``autotune.search.parallel.orchestrate`` with a ``StudyRun`` whose trial
-runner (:class:`ProductTrials`) serves each configuration here, in modelled time, instead of
+the case's job goes to ``autotune.search.parallel.orchestrate`` with a trial runner
+(:class:`ProductTrials`) serves each configuration here, in modelled time, instead of
 launching an engine, and hands the stages only what the adapter reads from that engine's log and
 ``/metrics``. Its stages, sampler, noise run, no-repeat rule, budget split, stop-when-done and
 validation all run with the product's defaults; early stop is not modelled (every run is whole).
@@ -81,7 +81,6 @@ from autotune.search.job import TuneJob
 from autotune.search.objective import score
 from autotune.search.parallel import orchestrate
 from autotune.search.progress import NullProgress
-from autotune.search.runner import StudyRun
 from autotune.search.space import suggest
 from autotune.search.stages import GRAPH, MEMORY, STEP
 from autotune.search.storage import best_trial
@@ -874,7 +873,7 @@ _EVENTS = {
 
 
 class ProductTrials:
-    """``StudyRun``'s trial runner for one seed of one case: each configuration the product's
+    """The study's trial runner for one seed of one case: each configuration the product's
     stages ask for is started and served by the simulator in this process (modelled time, no
     server), and handed back as the adapter reads a run: the start-up facts vLLM/SGLang log,
     the counters their ``/metrics`` and graph tables export, the client's metrics, and a failure's
@@ -951,7 +950,7 @@ def product_method(ledger: Ledger, seed: int, name: str, **study: Any) -> None:
         job = product_job(ledger.obj.case, name, seed, ledger.budget, Path(folder), **study)
         study = optuna.create_study(directions=job.workload.objective.directions, sampler=make_sampler(job.study))
         trials = ProductTrials(ledger)
-        orchestrate(StudyRun(job, get_adapter(job.engine), study, NullProgress(), trial_runner=trials))
+        orchestrate(job, get_adapter(job.engine), study, NullProgress(), trial_runner=trials)
         best = best_trial(study)
         ledger.pick = trials.by_number.get(best.number) if best is not None else None
 

@@ -40,6 +40,7 @@ from autotune.bench.metrics import CLIENT, ENGINE, RequestRecord
 from autotune.config import StudySettings, Workload, parse_model
 from autotune.engines import get_adapter
 from autotune.outcomes import Outcome
+from autotune.search import stages
 from autotune.search.diagnosis import client_problem
 from autotune.search.job import TuneJob
 from autotune.search.progress import NullProgress
@@ -333,8 +334,8 @@ def test_a_bad_candidate_ends_early_and_never_wins_while_validation_runs_to_its_
     sampler = make_sampler(job.study)
     study = open_study("t", job.storage_url, directions=job.workload.objective.directions, sampler=sampler)
     run = StudyRun(job, get_adapter(job.engine), study, NullProgress())
-    run.baseline()
-    run.measure_noise()  # the defaults again: without a measured noise nothing is cut
+    stages.baseline(run)
+    stages.measure_noise(run)  # the defaults again: without a measured noise nothing is cut
     baseline, again = trial_records(study.trials)
     assert baseline.outcome == again.outcome == "ok", (baseline.reason, again.reason)
     assert baseline.early_stop is None and baseline.metrics["completed"] == 400
@@ -351,7 +352,7 @@ def test_a_bad_candidate_ends_early_and_never_wins_while_validation_runs_to_its_
     else:
         assert bad.outcome == Outcome.SLO_VIOLATION and stored.state == TrialState.COMPLETE
     assert [t.number for t in feasible_trials(study)] == [0]
-    assert run.finalists(2) == [t for t in study.trials if t.number == 0]
+    assert stages.finalists(run, 2) == [t for t in study.trials if t.number == 0]
     best = best_trial(study)
     assert best is not None and best.number == 0
 

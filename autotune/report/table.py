@@ -10,8 +10,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from autotune.search.record import study_config, trial_record, validation
-from autotune.search.runner import DEFAULTS
+from autotune.search.record import DEFAULTS, study_config, trial_record, validation
 from autotune.search.storage import default_storage_url, load_study
 
 __all__ = ["FIXED_TYPES", "KEY_METRICS", "load_trials", "parquet_ready", "trials_frame"]

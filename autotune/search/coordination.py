@@ -32,12 +32,13 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.runtime.reaper import reap_process_groups
+from autotune.search.progress import Progress
 from autotune.search.record import lease, set_lease, trial_record, trial_records
-from autotune.search.runner import StudyRun
 from autotune.search.stage import Stage
 from autotune.search.storage import GRACE_BEATS
 
@@ -61,10 +62,13 @@ SETTLE_S = 1.0
 
 
 class Coordinator:
-    """One worker's side of the cooperation, attached to its :class:`StudyRun`.
+    """One worker's side of the cooperation; its :meth:`claim_retry` is what the worker's
+    :class:`~autotune.search.runner.StudyRun` asks before it re-runs a failed trial.
 
     Args:
-        run: The worker's study run; its ``claim_retry`` is set to :meth:`claim_retry`.
+        study: The study the workers share.
+        worker: This worker's id (``runner.worker_id``), as its trials record it.
+        progress: Where the waits and adoptions are said.
         shared: Whether other workers may share the study (an RDB storage other than SQLite).
         heartbeat_s: Seconds between beats; the grace period is three beats.
         on_adopt: Called with each trial this worker failed for a dead worker (tests, messages).
@@ -72,13 +76,16 @@ class Coordinator:
 
     def __init__(
         self,
-        run: StudyRun,
+        study: optuna.Study,
+        worker: str,
+        progress: Progress,
         *,
         shared: bool,
         heartbeat_s: int,
         on_adopt: Callable[[FrozenTrial], None] | None = None,
     ):
-        self.run, self.shared, self.heartbeat_s = run, shared, heartbeat_s
+        self.study, self.worker, self.progress = study, worker, progress
+        self.shared, self.heartbeat_s = shared, heartbeat_s
         self.grace_s = GRACE_BEATS * heartbeat_s
         self.host = socket.gethostname()
         self.adopted: set[int] = set()
@@ -93,7 +100,6 @@ class Coordinator:
         self._lease_lock = threading.Lock()  # a renewal must never overwrite "done"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        run.claim_retry = self.claim_retry
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Coordinator:
@@ -126,7 +132,7 @@ class Coordinator:
         r = trial_record(trial)
         if r.stage in SEQUENTIAL_STAGES:
             return self._leading
-        return r.worker == self.run.worker or trial.number in self.adopted
+        return r.worker == self.worker or trial.number in self.adopted
 
     # ------------------------------------------------------------------ heartbeats
     def _beat_loop(self) -> None:
@@ -138,13 +144,13 @@ class Coordinator:
 
     def _storage(self) -> Any:
         """The study's storage as a heartbeat store (RDBStorage, behind Optuna's cache)."""
-        return self.run.study._storage
+        return self.study._storage
 
     def beat(self) -> None:
         """One round: beat for this worker's running trials, renew the lease, fail stale trials."""
         storage = self._storage()
-        for t in self.run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if trial_record(t).worker == self.run.worker:
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if trial_record(t).worker == self.worker:
                 storage.record_heartbeat(t._trial_id)
         if self.shared:
             self._renew()
@@ -155,13 +161,13 @@ class Coordinator:
         this worker dies before the next round."""
         if not self.shared:
             return
-        study = self.run.study
+        study = self.study
         storage = self._storage()
         storage.record_heartbeat(storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
 
     def fail_stale(self) -> list[FrozenTrial]:
         """Fail running trials whose worker stopped beating; adopt the ones this call failed."""
-        study = self.run.study
+        study = self.study
         storage = self._storage()
         if not self.shared or getattr(storage, "get_heartbeat_interval", lambda: None)() is None:
             return []
@@ -171,7 +177,7 @@ class Coordinator:
         """Fail at once the running trials of workers on this host whose process is gone (this
         box's tuner was killed and restarted): no need to wait out their heartbeats."""
         dead = []
-        for t in self.run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             host, _, rest = trial_record(t).worker.partition(":")
             pid = rest.partition(":")[0]
             if host == self.host and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
@@ -201,7 +207,7 @@ class Coordinator:
         reaped = []
         if r.engine_pgid is not None and r.host == self.host:
             reaped = reap_process_groups([int(r.engine_pgid)])
-        self.run.progress.message(
+        self.progress.message(
             f"trial {trial.number} of worker {r.worker or '?'} stopped beating: failed here"
             + (", its engine reaped" if reaped else "")
             + "; it will be re-run"
@@ -212,11 +218,11 @@ class Coordinator:
     def abandon_running(self) -> list[FrozenTrial]:
         """Fail this worker's running trials as interrupted and end their engines (Ctrl-C, or a
         bug in one thread): the study stays consistent and a resume re-runs them."""
-        storage = self.run.study._storage
+        storage = self.study._storage
         mine = [
             t
-            for t in self.run.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if trial_record(t).worker == self.run.worker
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if trial_record(t).worker == self.worker
         ]
         for t in mine:
             try:
@@ -245,26 +251,26 @@ class Coordinator:
                     raise
                 with self._lease_lock:
                     self._leading = False
-                    set_lease(self.run.study, LEASE_KEY, {"done": True, "worker": self.run.worker})
+                    set_lease(self.study, LEASE_KEY, {"done": True, "worker": self.worker})
                 return result
             if not told:
-                holder = lease(self.run.study, LEASE_KEY).get("worker", "?")
-                self.run.progress.message(f"waiting: worker {holder} runs the sequential stages")
+                holder = lease(self.study, LEASE_KEY).get("worker", "?")
+                self.progress.message(f"waiting: worker {holder} runs the sequential stages")
                 told = True
             time.sleep(poll)
         return body()
 
     def _lease_done(self) -> bool:
-        return bool(lease(self.run.study, LEASE_KEY).get("done"))
+        return bool(lease(self.study, LEASE_KEY).get("done"))
 
     def _try_lead(self) -> bool:
-        study = self.run.study
+        study = self.study
         current = lease(study, LEASE_KEY)
-        if current and current.get("worker") != self.run.worker and not self._expired(current):
+        if current and current.get("worker") != self.worker and not self._expired(current):
             return False
-        set_lease(study, LEASE_KEY, {"worker": self.run.worker, "host": self.host, "seq": 0})
+        set_lease(study, LEASE_KEY, {"worker": self.worker, "host": self.host, "seq": 0})
         time.sleep(SETTLE_S)
-        won = lease(study, LEASE_KEY).get("worker") == self.run.worker
+        won = lease(study, LEASE_KEY).get("worker") == self.worker
         self._leading = self.led = won
         self._seq = 0
         return won
@@ -280,17 +286,17 @@ class Coordinator:
         return now - self._lease_seen_at > self.grace_s
 
     def _renew(self) -> None:
-        study = self.run.study
+        study = self.study
         with self._lease_lock:
             current = lease(study, LEASE_KEY)
             if not self._leading or current.get("done"):
                 return
-            if current.get("worker") != self.run.worker:
+            if current.get("worker") != self.worker:
                 self._leading = False
                 log.warning("the sequential-stage lease was taken over by %s", current.get("worker"))
                 return
             self._seq += 1
-            set_lease(study, LEASE_KEY, {"worker": self.run.worker, "host": self.host, "seq": self._seq})
+            set_lease(study, LEASE_KEY, {"worker": self.worker, "host": self.host, "seq": self._seq})
 
 
 def _alive(pid: int) -> bool:

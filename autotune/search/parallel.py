@@ -1,5 +1,5 @@
-"""The study's orchestrator: the stages in order, on one slot or several per box, each on its own
-GPU group, and many boxes per study.
+"""The study's orchestrator: the slots, shared quotas and threads the method (``search/stages``)
+runs through, on one slot or several per box, each on its own GPU group, and many boxes per study.
 
 Every study runs here; a plain sequential one is one slot, run on the calling thread (so Ctrl-C
 reaches the trial as it runs) with no GPU placement of its own. On one box, ``parallel`` slots
@@ -24,47 +24,38 @@ so each gain over the defaults is a paired comparison.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import CategoricalParam, IntParam, SearchSpace
+from autotune.config import CategoricalParam, IntParam
 from autotune.engines.base import EngineAdapter
 from autotune.errors import ConfigError
 from autotune.runtime.allocator import AllocatorClosed, GpuAllocator
 from autotune.runtime.gpu import default_backend, list_gpus
 from autotune.search.coordination import Coordinator
 from autotune.search.job import TuneJob
+from autotune.search.objective import rate_bound_note
 from autotune.search.progress import Progress
-from autotune.search.record import StageState, trial_record
-from autotune.search.runner import STAGE_SEARCH, STAGE_VALIDATION, Placement, StudyRun, Withdrawn
+from autotune.search.runner import Placement, StudyRun, Withdrawn, await_start_records, worker_id
 from autotune.search.stage import Stage
-from autotune.search.stages import (
-    SCENARIOS,
-    conservativeness_next,
-    memory_edge,
-    plan_budget,
-    scenario_of,
-    sequential_stages,
-    skip_stage,
-    slo_first_stored,
-    snap_to_space,
-)
-from autotune.search.stopping import stall_reason
+from autotune.search.stages import Task, run_method
 from autotune.search.storage import superseded
+from autotune.search.trial import TrialRunner
 from autotune.search.weightcache import WeightCache
 
 __all__ = ["Slots", "orchestrate", "plan_slots"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: CPU cores one trial keeps busy without a GPU: the engine and the load generator.
 CORES_PER_CPU_TRIAL = 2
@@ -200,17 +191,6 @@ class _ThreadProgress:
 
 
 # ------------------------------------------------------------------------------ shared quotas
-@dataclass(frozen=True)
-class _Task:
-    """Trials of one kind to fill up to ``quota`` (across every slot of every worker)."""
-
-    key: str
-    match: Callable[[FrozenTrial], bool]
-    quota: int
-    start: Callable[[bool], Any]  # runs one trial; the flag says it is the first of its kind
-    stalled: Callable[[], str | None] = lambda: None  # why the task may end below its quota
-
-
 class _Gate:
     """Counts a task's trials: finished (not replaced by a retry) + running anywhere + reserved
     by a slot of this worker whose trial is not in the storage yet.
@@ -219,14 +199,14 @@ class _Gate:
     same moment. The storage numbers trials in the order they were asked, so :meth:`admitted`
     lets the first ones run and the later one is withdrawn before its engine starts."""
 
-    def __init__(self, run: StudyRun):
-        self.run = run
+    def __init__(self, study: optuna.Study):
+        self.study = study
         self._lock = threading.Lock()
-        self._pending: dict[int, _Task] = {}  # thread id → the task it reserved a trial of
+        self._pending: dict[int, Task] = {}  # thread id → the task it reserved a trial of
 
     def count(self, match: Callable[[FrozenTrial], bool], below: int | None = None) -> int:
         """Counted trials of a task (only those numbered below ``below``, when given)."""
-        trials = self.run.trials()
+        trials = self.study.get_trials(deepcopy=False)
         replaced = superseded(trials)
         return sum(
             1
@@ -237,9 +217,9 @@ class _Gate:
         )
 
     def running(self, match: Callable[[FrozenTrial], bool]) -> int:
-        return sum(1 for t in self.run.trials() if match(t) and t.state == TrialState.RUNNING)
+        return sum(1 for t in self.study.get_trials(deepcopy=False) if match(t) and t.state == TrialState.RUNNING)
 
-    def reserve(self, task: _Task) -> int | None:
+    def reserve(self, task: Task) -> int | None:
         """Reserve a trial of ``task`` for this thread; returns how many there were, or None when full.
 
         A slot's trial is in the storage (counted there) a little before its reservation ends, so
@@ -265,7 +245,7 @@ class _Gate:
             task = self._pending.get(threading.get_ident())
         if task is None:
             return True
-        self.run.await_start_records(number)
+        await_start_records(self.study, number)
         return self.count(task.match, below=number) < task.quota
 
     def visible(self) -> None:
@@ -274,18 +254,44 @@ class _Gate:
             self._pending.pop(threading.get_ident(), None)
 
 
-# ------------------------------------------------------------------------------ the phases
+# ------------------------------------------------------------------------------ the worker
 class _Worker:
-    """This worker's run of the job over its slots."""
+    """This worker's slots, quota gate and cooperation with the study's other workers — the
+    :class:`~autotune.search.stages.Dispatch` the stages run through — and the
+    :class:`StudyRun` built on them."""
 
-    def __init__(self, run: StudyRun, slots: Slots, shared: bool):
-        self.run, self.slots, self.job = run, slots, run.job
-        self.gate = _Gate(run)
-        self.coord = Coordinator(run, shared=shared, heartbeat_s=self.job.study.heartbeat_s)
+    def __init__(
+        self,
+        job: TuneJob,
+        adapter: EngineAdapter,
+        study: optuna.Study,
+        progress: Progress,
+        slots: Slots,
+        *,
+        shared: bool,
+        trial_runner: TrialRunner | None,
+    ):
+        self.job, self.slots = job, slots
+        worker = worker_id()
+        self.gate = _Gate(study)
         # Several slots: each phase line names its trial, and each trial's resources come from its slot.
-        run.progress = self.progress = _ThreadProgress(run.progress, self._trial_visible, label=slots.count > 1)
-        run.placement = slots.placement
-        run.admit = self.gate.admitted
+        self.progress = _ThreadProgress(progress, self._trial_visible, label=slots.count > 1)
+        self.coord = Coordinator(study, worker, self.progress, shared=shared, heartbeat_s=job.study.heartbeat_s)
+        self.weights = WeightCache(
+            job.study.weight_cache, adapter, study, job.dir, self.progress, why_not=_no_daemon(slots)
+        )
+        self.run = StudyRun(
+            job,
+            adapter,
+            study,
+            self.progress,
+            trial_runner=trial_runner,
+            worker=worker,
+            placement=slots.placement,
+            admit=self.gate.admitted,
+            claim_retry=self.coord.claim_retry,
+            weights=self.weights,
+        )
         self.stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
@@ -294,124 +300,15 @@ class _Worker:
         self.gate.visible()
         self.coord.beat_trial(number)
 
-    # -- the method
-    def run_method(self) -> None:
-        study, run = self.job.study, self.run
-        if study.method == "memory":
+    # -- the Dispatch the stages run through
+    @property
+    def leads(self) -> bool:
+        return self.coord.led
 
-            def edge_only() -> None:
-                run.baseline()
-                memory_edge(run, study.trials, {}, study.memory_probe)
+    def sequential(self, body: Callable[[], T]) -> T:
+        return self.coord.sequential(body)
 
-            self.coord.sequential(edge_only)
-            return
-        if study.method == "staged":
-            budget = plan_budget(study.trials, self.job.space)
-            fixed = self.coord.sequential(lambda: sequential_stages(run, budget, study.memory_probe))
-            self._scenario(budget[Stage.SCENARIO], fixed)
-        else:
-
-            def baseline() -> None:
-                run.retry_failed()
-                run.baseline()
-                run.measure_noise()
-
-            self.coord.sequential(baseline)
-            search = _Task(
-                STAGE_SEARCH,
-                lambda t: trial_record(t).stage == STAGE_SEARCH,
-                study.trials,
-                lambda first: self._search_trial(),
-                lambda: self._search_stall(STAGE_SEARCH, study.trials, self.job.space, {}),
-            )
-            self._fill([search])
-        self._validate()
-
-    def _search_trial(self) -> None:
-        self.run.run(STAGE_SEARCH, sample=self.job.space)
-        self.run.measure_noise()  # when the defaults did not serve, on the first search trial that did
-
-    def _scenario(self, quota: int, fixed: dict[str, Any]) -> None:
-        run = self.run
-        rest = SearchSpace(params={k: v for k, v in self.job.space.params.items() if k not in fixed})
-        if not rest.params:
-            skip_stage(run, Stage.SCENARIO, "every knob of the space was decided by earlier stages")
-            return
-        scenario = scenario_of(self.job.workload)
-        # Only the worker that ran the sequential stages seeds the search, so two workers never
-        # both run the articles' starting point.
-        opening, why = self._opening(rest, scenario) if self.coord.led else (None, "")
-        follow: dict[int, dict[str, Any] | None] = {}  # thread → hint from its last result
-
-        def start(first: bool) -> None:
-            me = threading.get_ident()
-            hint = opening if first and opening is not None else follow.get(me)
-            if first and opening is not None:
-                run.progress.message(f"scenario search ({scenario} workload): first trial from {why}")
-            result = run.run(Stage.SCENARIO, explicit=fixed, sample=rest, hint=hint)
-            follow[me] = conservativeness_next(run, rest, result.facts, result.flags)
-            run.measure_noise()  # when no earlier run served, on the first scenario trial that did
-
-        stall = functools.partial(self._search_stall, Stage.SCENARIO, quota, rest, fixed)
-        self._fill([_Task(Stage.SCENARIO, lambda t: trial_record(t).stage == Stage.SCENARIO, quota, start, stall)])
-
-    def _search_stall(self, stage: str, quota: int, space: SearchSpace, fixed: Mapping[str, Any]) -> str | None:
-        """Why the search stage (over ``space``, with ``fixed`` on top) may end before ``quota``
-        (said and recorded once), or None: its space was used up (:meth:`StudyRun.end_used_up`),
-        or it stopped improving while more of its space is left than its budget could measure."""
-        state = self.run.stage_state(stage)
-        if state is not None and state.stalled:
-            return state.stalled
-        directions = self.run.study.directions
-        if not self.job.study.stop_when_done or len(directions) > 1:  # a Pareto front has no one best
-            return None
-        noise = self.run.noise().measured
-        if noise is None:  # a gain cannot be told from the noise before the noise is measured
-            return None
-        finished = self.run.finished(stage)
-        why = stall_reason(finished, directions[0], quota, noise)
-        if why is not None:  # only then is it worth listing the space for what is left of it
-            why = stall_reason(finished, directions[0], quota, noise, self.run.unmeasured(space, fixed))
-        if why is not None:
-            self.progress.message(why)
-            self.run.set_stage_state(stage, StageState(done=True, noise=noise, stalled=why))
-        return why
-
-    def _opening(self, rest: SearchSpace, scenario: str) -> tuple[dict[str, Any], str]:
-        """The scenario's first trial: the articles' starting point, with the SLO-first move on
-        top when the baseline broke the SLO (its symptoms outrank a generic recommendation)."""
-        articles = snap_to_space(rest, SCENARIOS[scenario])
-        move, reason = slo_first_stored(self.run)
-        moved = snap_to_space(rest, move)
-        why = f"the articles' {articles or 'defaults'}"
-        if moved:
-            why += f" with the SLO-first move {moved} ({reason})"
-        return {**articles, **moved}, why
-
-    def _validate(self) -> None:
-        cfg, run = self.job.study, self.run
-        if cfg.finalists == 0 or cfg.validation_runs == 0:
-            return
-        finalists = run.finalists(cfg.finalists)
-        groups = run.validation_groups(finalists)
-        # Round by round: each round re-runs the defaults and every finalist once, under the
-        # same machine conditions, so the gain of round i is a paired comparison.
-        for round_ in range(1, cfg.validation_runs + 1):
-            self._fill([self._validation_task(key, params, round_) for key, params in groups])
-            if run.out_of_time():
-                break
-        run.store_validation(finalists)
-
-    def _validation_task(self, key: int | str, params: Mapping[str, Any], quota: int) -> _Task:
-        return _Task(
-            f"validation:{key}",
-            lambda t: trial_record(t).stage == STAGE_VALIDATION and trial_record(t).validates == key,
-            quota,
-            lambda first: self.run.run(STAGE_VALIDATION, explicit=params, extra={"validates": key}),
-        )
-
-    # -- filling quotas on every slot
-    def _fill(self, tasks: list[_Task]) -> None:
+    def fill(self, tasks: list[Task]) -> None:
         """Run the tasks' trials on every slot until each quota is met and nothing of them runs
         anywhere (other workers' trials included)."""
         while not self.stopping.is_set():
@@ -421,7 +318,8 @@ class _Worker:
             if done or self.run.out_of_time():
                 return
 
-    def _slot(self, tasks: list[_Task]) -> None:
+    # -- filling quotas on every slot
+    def _slot(self, tasks: list[Task]) -> None:
         run = self.run
         while not self.stopping.is_set() and not run.out_of_time():
             run.retry_failed()
@@ -442,7 +340,7 @@ class _Worker:
             finally:
                 self.gate.visible()
 
-    def _settle(self, tasks: list[_Task]) -> None:
+    def _settle(self, tasks: list[Task]) -> None:
         """Wait until no trial of the tasks runs anywhere, re-running failures this worker owns."""
         told = False
         while not self.stopping.is_set():
@@ -493,28 +391,34 @@ class _Worker:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def orchestrate(run: StudyRun) -> None:
-    """Run ``run``'s job on every slot of this box, cooperating with any other worker of the study."""
-    job = run.job
-    slots = plan_slots(job, run.adapter)
+def orchestrate(
+    job: TuneJob,
+    adapter: EngineAdapter,
+    study: optuna.Study,
+    progress: Progress,
+    *,
+    trial_runner: TrialRunner | None = None,
+) -> None:
+    """Run ``job``'s method on every slot of this box, cooperating with any other worker of the
+    study; ``trial_runner`` runs one configuration (default: a real launch, ``run_trial``)."""
+    slots = plan_slots(job, adapter)
     shared = not job.storage_url.startswith("sqlite")
     if shared:
         # Workers started with the same --seed would draw the same random start-up points.
-        run.study.sampler.reseed_rng()
-    worker = _Worker(run, slots, shared=shared)
+        study.sampler.reseed_rng()
+    worker = _Worker(job, adapter, study, progress, slots, shared=shared, trial_runner=trial_runner)
+    worker.progress.study_started(job.study.name, job.study.trials, len(worker.run.finished(Stage.SEARCH)))
+    if note := rate_bound_note(job.workload):
+        worker.progress.message(note)
     if slots.note:
         worker.progress.message(slots.note)
-    run.weights = WeightCache(
-        job.study.weight_cache, run.adapter, run.study, job.dir, worker.progress, why_not=_no_daemon(slots)
-    )
     try:
-        with worker.coord, run.weights:
-            worker.run_method()
+        with worker.coord, worker.weights:
+            run_method(worker.run, worker)
     except BaseException:
         worker.abort()
         raise
     finally:
-        run.weights = None
         if slots.allocator is not None:
             slots.allocator.close()
 

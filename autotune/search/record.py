@@ -25,6 +25,7 @@ from autotune.errors import StudyError
 from autotune.outcomes import SERVED
 
 __all__ = [
+    "DEFAULTS",
     "INTERRUPTED",
     "RECORD_VERSION",
     "WITHDRAWN",
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 RECORD_VERSION = 1
+#: The ``validates`` key of validation runs of the engine's defaults (a finalist's is its number).
+DEFAULTS = "defaults"
 #: The outcome recorded for a trial its tuner stopped (Ctrl-C, or killed: failed on the next start).
 INTERRUPTED = "interrupted"
 #: The outcome recorded for a trial withdrawn before its engine started: trials asked before it

@@ -37,28 +37,22 @@ from autotune.search.diagnosis import WHERE
 from autotune.search.job import TuneJob
 from autotune.search.noise import StudyNoise, runs_by_configuration, study_noise
 from autotune.search.novelty import config_key, measured, unmeasured_point
-from autotune.search.objective import is_feasible
 from autotune.search.progress import Progress
 from autotune.search.record import (
     INTERRUPTED,
     WITHDRAWN,
     StageState,
-    TrialRecord,
     set_stage_state,
     set_stopped,
-    set_validation,
-    set_verdict,
     stage_state,
     trial_record,
     trial_records,
-    validation,
     write_trial,
 )
 from autotune.search.space import distribution, finite_points, fits, suggest, suggest_param
 from autotune.search.stage import Stage
-from autotune.search.storage import best_trial, feasible_trials, primary_value, superseded
+from autotune.search.storage import best_trial, primary_value, superseded
 from autotune.search.trial import TrialResult, TrialRunner, TrialSpec, early_stop_policy, run_trial
-from autotune.search.verdict import paired_gains, paired_verdict, slo_misses
 from autotune.search.weightcache import WeightCache
 
 __all__ = ["Placement", "StudyRun", "Withdrawn", "redact_env", "worker_id"]
@@ -67,10 +61,6 @@ __all__ = ["Placement", "StudyRun", "Withdrawn", "redact_env", "worker_id"]
 #: for the trial and yields the environment that confines the engine to them.
 Placement = Callable[[dict[str, Any]], AbstractContextManager[Mapping[str, str]]]
 
-STAGE_BASELINE, STAGE_SEARCH, STAGE_VALIDATION = Stage.BASELINE, Stage.SEARCH, Stage.VALIDATION
-#: The engine's defaults launched again right after the baseline: the study's first noise figure.
-STAGE_NOISE = Stage.NOISE
-DEFAULTS = "defaults"  # the ``validates`` key of validation runs of the engine's defaults
 RELEASE_TIMEOUT_S = 120.0
 #: How long a new trial waits for the start records of trials asked just before it.
 START_RECORD_WAIT_S = 10.0
@@ -86,6 +76,18 @@ def worker_id() -> str:
     """This tuner process among all that share a study: host, PID, and a nonce (PIDs repeat
     across restarts and containers)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def await_start_records(study: optuna.Study, number: int) -> None:
+    """Wait (briefly) until every running trial asked before ``number`` has its start record,
+    so what it runs is known. A worker writes it right after asking; one that died in
+    between has its trial failed by the heartbeat, and is not waited for long."""
+    deadline = time.monotonic() + START_RECORD_WAIT_S
+    while time.monotonic() < deadline:
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if all(trial_record(t).started for t in running if t.number < number):
+            return
+        time.sleep(0.05)
 
 
 def _anywhere(flags: dict[str, Any]) -> AbstractContextManager[Mapping[str, str]]:
@@ -107,18 +109,23 @@ def _deterministic_failure(t: FrozenTrial) -> tuple[str, str] | None:
     return str(cause["signature"]), str(facts["failed_at"])
 
 
-def _first_measurement(record: TrialRecord) -> bool:
-    """A served run of the study's own workload that is not itself a re-run of another."""
-    return record.served_its_workload and record.stage not in (STAGE_NOISE, STAGE_VALIDATION)
-
-
 class StudyRun:
     """Trial plumbing shared by every stage.
 
     :meth:`run` may be called from several threads at once (``autotune.search.parallel``): the
-    ask-and-sample step is serialised, ``placement`` gives each trial its own resources,
-    ``admit`` says whether a trial just recorded still fits its quota, and ``claim_retry``
-    decides which worker re-runs a failed trial.
+    ask-and-sample step is serialised. What a run needs from the box and the other workers it is
+    given when it is built, by the orchestrator that owns them.
+
+    Args:
+        trial_runner: What runs one configuration and classifies it: a real launch
+            (``run_trial``, looked up when the run is built), or in the search-efficiency
+            benchmark a model.
+        worker: This tuner process among the study's workers (``worker_id``).
+        placement: Gives each trial its own resources (a GPU group) for as long as its engine lives.
+        admit: Called with a trial's number once its start record is stored; False withdraws
+            it (its quota was filled by trials asked before it).
+        claim_retry: Whether this worker (and thread) re-runs a failed trial.
+        weights: The study's weight-cache daemon, while the orchestrator holds one.
     """
 
     def __init__(
@@ -127,24 +134,26 @@ class StudyRun:
         adapter: EngineAdapter,
         study: optuna.Study,
         progress: Progress,
+        *,
         trial_runner: TrialRunner | None = None,
+        worker: str | None = None,
+        placement: Placement | None = None,
+        admit: Callable[[int], bool] | None = None,
+        claim_retry: Callable[[FrozenTrial], bool] | None = None,
+        weights: WeightCache | None = None,
     ):
         self.job, self.adapter, self.study, self.progress = job, adapter, study, progress
-        #: what runs one configuration and classifies it: a real launch (``run_trial``, looked up
-        #: when the run is built), or in the search-efficiency benchmark a model
         self.trial_runner: TrialRunner = trial_runner or run_trial
         self.deadline = time.monotonic() + job.study.time_budget_s if job.study.time_budget_s else None
-        self.worker = worker_id()
-        self.placement: Placement = _anywhere
-        #: the study's weight-cache daemon, while the orchestrator holds one
-        self.weights: WeightCache | None = None
-        self.claim_retry: Callable[[FrozenTrial], bool] = lambda trial: True
-        #: called with a trial's number once its start record is stored; False withdraws it
-        self.admit: Callable[[int], bool] = lambda number: True
+        self.worker = worker or worker_id()
+        self.placement: Placement = placement or _anywhere
+        self.admit: Callable[[int], bool] = admit or (lambda number: True)
+        self.claim_retry: Callable[[FrozenTrial], bool] = claim_retry or (lambda trial: True)
+        self.weights = weights
         # An enqueued trial is popped by whichever ask() comes next, and the sampler sees a
         # running trial only once its params are suggested: ask and sample one trial at a time.
         self._ask_lock = threading.Lock()
-        self._noise_lock = threading.Lock()  # one slot launches the noise runs
+        self.noise_lock = threading.Lock()  # one slot launches the noise runs (stages.context.measure_noise)
         # A CPU engine would take the load generator's cores: split them (runtime/cpuset.py).
         self.cpus = plan_partition() if job.study.partition_cpus and adapter.runs_on_cpu() else None
         if self.cpus is not None:
@@ -297,15 +306,7 @@ class StudyRun:
         return reason
 
     def await_start_records(self, number: int) -> None:
-        """Wait (briefly) until every running trial asked before ``number`` has its start record,
-        so what it runs is known. A worker writes it right after asking; one that died in
-        between has its trial failed by the heartbeat, and is not waited for long."""
-        deadline = time.monotonic() + START_RECORD_WAIT_S
-        while time.monotonic() < deadline:
-            running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if all(trial_record(t).started for t in running if t.number < number):
-                return
-            time.sleep(0.05)
+        await_start_records(self.study, number)
 
     def flags(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The engine flags a trial with ``params`` runs with."""
@@ -360,7 +361,7 @@ class StudyRun:
                     env=env,
                     stall_timeout_s=self.job.study.stall_timeout_s,
                     bench_timeout_s=self.job.study.bench_timeout_s,
-                    quality_reference=None if stage == STAGE_BASELINE else self._quality_reference(),
+                    quality_reference=None if stage == Stage.BASELINE else self._quality_reference(),
                     cpus=self.cpus,
                     # Real engines only: the simulator's runs are deterministic and its clock compressed.
                     stable_within=None if self.job.engine.simulated or probe else self.job.study.stable_within,
@@ -424,7 +425,7 @@ class StudyRun:
 
     def _quality_reference(self) -> Path | None:
         """The baseline's greedy answers (greedy.json in its trial folder), the quality reference."""
-        for r in trial_records(self.trials(STAGE_BASELINE)):
+        for r in trial_records(self.trials(Stage.BASELINE)):
             path = Path(r.trial_dir) / "greedy.json"
             if r.trial_dir and path.is_file():
                 return path
@@ -536,84 +537,3 @@ class StudyRun:
                 workload=workload,
                 extra={**extra, "attempt": r.attempt + 1, "retry_of": t.number},
             )
-
-    def baseline(self) -> None:
-        if self.job.study.baseline and not self.finished(STAGE_BASELINE) and not self.out_of_time():
-            self.run(STAGE_BASELINE)
-
-    def measure_noise(self) -> None:
-        """The study's first served configuration again on fresh engines (``noise_runs``): two
-        measurements of one configuration give the study its run-to-run noise before the first
-        decision that compares two runs needs it. That is the engine's defaults, right after the
-        baseline; when they did not serve (a default context too long for the card), the first
-        run that did, so a study whose defaults fail still decides on noise it measured. Called
-        after each early run until it has launched its runs; a no-op from then on, and in a study
-        without a baseline (it skips the runs that only measure)."""
-        wanted = self.job.study.noise_runs if self.job.study.baseline else 0
-        if not wanted or len(self.finished(STAGE_NOISE)) >= wanted:
-            return
-        first = next((r for r in trial_records(self.finished()) if _first_measurement(r)), None)
-        if first is None:
-            return  # nothing served yet: nothing to launch again
-        if not self._noise_lock.acquire(blocking=False):
-            return  # another slot is measuring it; this one goes on searching
-        try:
-            while len(self.finished(STAGE_NOISE)) < wanted and not self.out_of_time():
-                self.run(STAGE_NOISE, explicit=first.params or {})
-        finally:
-            self._noise_lock.release()
-        self.progress.message(self.noise().describe())
-
-    def validation_groups(self, finalists: list[FrozenTrial]) -> list[tuple[int | str, dict[str, Any]]]:
-        """(key, params) of each configuration validation re-runs: the finalists, and the engine's
-        defaults beside them (key :data:`DEFAULTS`) unless a finalist is the defaults."""
-        groups: list[tuple[int | str, dict[str, Any]]] = [(f.number, trial_record(f).params or {}) for f in finalists]
-        if self.job.study.baseline and all(params for _, params in groups):
-            groups.insert(0, (DEFAULTS, {}))
-        return groups
-
-    def store_validation(self, finalists: list[FrozenTrial]) -> None:
-        """Once the re-runs are done: each finalist's median and spread, and the verdict against
-        the defaults' runs of the same rounds."""
-        for finalist in finalists:
-            self._store_validation(finalist)
-        defaults_key = next((f.number for f in finalists if not trial_record(f).params), DEFAULTS)
-        self._store_verdict(finalists, defaults_key)
-
-    def validation_runs(self, key: int | str) -> list[FrozenTrial]:
-        """Finished validation runs of one finalist (its number) or of the defaults (:data:`DEFAULTS`)."""
-        return [t for t in self.finished(STAGE_VALIDATION) if trial_record(t).validates == key]
-
-    def _store_verdict(self, finalists: list[FrozenTrial], defaults_key: int | str) -> None:
-        """Whether the best finalist beats the defaults beyond the noise of the paired runs."""
-        best = best_trial(self.study)
-        if best is None or not finalists:
-            return
-        sign = 1.0 if self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
-        defaults, winner = self.validation_runs(defaults_key), self.validation_runs(best.number)
-        # Goodput already counts only the requests that met their bounds (bench/metrics.py).
-        priced = self.job.workload.objective.metric == "request_goodput"
-        pairs = paired_gains(defaults, winner, sign, priced=priced)
-        is_defaults = not trial_record(best).params
-        misses = slo_misses(defaults, winner) if self.job.workload.slos else None
-        set_verdict(self.study, paired_verdict(best.number, pairs, winner_is_defaults=is_defaults, misses=misses))
-
-    def finalists(self, n: int) -> list[FrozenTrial]:
-        candidates = feasible_trials(self.study)
-        maximize = self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
-        return sorted(candidates, key=lambda t: primary_value(t) or 0.0, reverse=maximize)[:n]
-
-    def _store_validation(self, finalist: FrozenTrial) -> None:
-        runs = self.validation_runs(finalist.number)
-        ok = [is_feasible(r.outcome, r.constraints) for r in trial_records(runs)]
-        values = [float(primary_value(finalist) or 0.0)]
-        values += [float(primary_value(t) or 0.0) if good else 0.0 for t, good in zip(runs, ok, strict=True)]
-        median = statistics.median(values)
-        record = {
-            "values": values,
-            "median": median,
-            "spread": (max(values) - min(values)) / median if median else 0.0,
-            # A finalist that fails any re-run is not a safe deployment: it cannot win.
-            "stable": all(ok),
-        }
-        set_validation(self.study, {**validation(self.study), finalist.number: record})

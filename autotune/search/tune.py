@@ -27,7 +27,6 @@ from autotune.errors import ConfigError, StudyError
 from autotune.runtime.reaper import reap_process_groups
 from autotune.search.job import TuneJob
 from autotune.search.manifest import write_manifest
-from autotune.search.objective import rate_bound_note
 from autotune.search.parallel import orchestrate
 from autotune.search.progress import NullProgress, Progress
 from autotune.search.record import (
@@ -39,7 +38,6 @@ from autotune.search.record import (
     trial_records,
     weight_daemon,
 )
-from autotune.search.runner import STAGE_SEARCH, StudyRun
 from autotune.search.storage import (
     best_trial,
     fail_stale_running,
@@ -216,9 +214,5 @@ def run_study(job: TuneJob, progress: Progress | None = None) -> FrozenTrial | N
 
 
 def _run_method(job: TuneJob, adapter: EngineAdapter, study: optuna.Study, progress: Progress) -> FrozenTrial | None:
-    run = StudyRun(job, adapter, study, progress)
-    progress.study_started(job.study.name, job.study.trials, len(run.finished(STAGE_SEARCH)))
-    if note := rate_bound_note(job.workload):
-        progress.message(note)
-    orchestrate(run)
+    orchestrate(job, adapter, study, progress)
     return best_trial(study)

@@ -10,8 +10,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import optuna
 import pytest
@@ -19,11 +17,6 @@ from optuna.trial import TrialState
 
 from autotune.search.coordination import LEASE_KEY, Coordinator
 from autotune.search.progress import NullProgress
-
-
-def _run(study: optuna.Study, worker: str) -> Any:
-    """The parts of a StudyRun the coordinator uses."""
-    return SimpleNamespace(study=study, worker=worker, progress=NullProgress(), claim_retry=None)
 
 
 @pytest.fixture
@@ -40,14 +33,14 @@ def _failed(study: optuna.Study, stage: str, worker: str) -> optuna.trial.Frozen
 
 
 def test_a_lone_worker_retries_everything_once(study: optuna.Study) -> None:
-    coord = Coordinator(_run(study, "me"), shared=False, heartbeat_s=1)
+    coord = Coordinator(study, "me", NullProgress(), shared=False, heartbeat_s=1)
     failed = _failed(study, "search", "someone-before-me")
     assert coord.claim_retry(failed) is True
     assert coord.claim_retry(failed) is False  # a second slot does not re-run it too
 
 
 def test_shared_workers_retry_their_own_adopted_or_led_trials(study: optuna.Study) -> None:
-    coord = Coordinator(_run(study, "me"), shared=True, heartbeat_s=1)
+    coord = Coordinator(study, "me", NullProgress(), shared=True, heartbeat_s=1)
     mine, theirs = _failed(study, "search", "me"), _failed(study, "search", "them")
     probe = _failed(study, "memory_edge", "them")
     assert coord.claim_retry(mine) is True
@@ -73,13 +66,11 @@ class _Waiting(NullProgress):
 def test_one_worker_leads_the_sequential_stages_the_others_wait(study: optuna.Study) -> None:
     log: list[tuple[str, bool]] = []
     waiting = _Waiting()
-    coords = [Coordinator(_run(study, f"w{i}"), shared=True, heartbeat_s=1) for i in range(2)]
-    for coord in coords:
-        coord.run.progress = waiting
+    coords = [Coordinator(study, f"w{i}", waiting, shared=True, heartbeat_s=1) for i in range(2)]
 
     def work(coord: Coordinator) -> None:
         def body() -> str:
-            log.append((coord.run.worker, bool((study.user_attrs.get(LEASE_KEY) or {}).get("done"))))
+            log.append((coord.worker, bool((study.user_attrs.get(LEASE_KEY) or {}).get("done"))))
             if not (study.user_attrs.get(LEASE_KEY) or {}).get("done"):
                 # The leader holds the stages until the other worker has seen the lease taken.
                 assert waiting.seen.wait(30), "the other worker never waited for the lease"
@@ -95,14 +86,14 @@ def test_one_worker_leads_the_sequential_stages_the_others_wait(study: optuna.St
     leaders = [c for c in coords if c.led]
     assert len(leaders) == 1
     # The leader ran the stages before they were done; the other only read them afterwards.
-    assert log[0] == (leaders[0].run.worker, False)
+    assert log[0] == (leaders[0].worker, False)
     assert log[1][1] is True
     assert study.user_attrs[LEASE_KEY]["done"]
 
 
 def test_a_lease_that_stops_moving_is_taken_over(study: optuna.Study) -> None:
     study.set_user_attr(LEASE_KEY, {"worker": "dead:1:x", "host": "dead", "seq": 7})
-    coord = Coordinator(_run(study, "me"), shared=True, heartbeat_s=1)
+    coord = Coordinator(study, "me", NullProgress(), shared=True, heartbeat_s=1)
     t0 = time.monotonic()
     assert coord.sequential(lambda: "ran", poll_s=0.1) == "ran"
     assert coord.led and time.monotonic() - t0 >= 3  # the grace period: three beats
@@ -123,7 +114,7 @@ def test_running_trials_of_a_dead_tuner_on_this_host_are_failed_at_once(study: o
         trial.set_user_attr("stage", "search")
         trial.set_user_attr("worker", worker)
         trial.set_user_attr("name", name)
-    coord = Coordinator(_run(study, f"{host}:{os.getpid()}:me"), shared=True, heartbeat_s=1)
+    coord = Coordinator(study, f"{host}:{os.getpid()}:me", NullProgress(), shared=True, heartbeat_s=1)
     adopted = coord.fail_dead_here()
     assert [t.user_attrs["name"] for t in adopted] == ["dead"]
     states = {t.user_attrs["name"]: t.state for t in study.trials}

@@ -43,9 +43,7 @@ def _run(tmp_path: Path, proposes: int) -> StudyRun:
     job = unlaunched_job(tmp_path, SPACE, WORKLOAD)
     sampler = optuna.samplers.PartialFixedSampler({"max_running": proposes}, optuna.samplers.RandomSampler(seed=0))
     study = open_study("n", job.storage_url, directions=["maximize"], sampler=sampler)
-    run = StudyRun(job, get_adapter(job.engine), study, _Messages())
-    run.placement = _stop_at_launch
-    return run
+    return StudyRun(job, get_adapter(job.engine), study, _Messages(), placement=_stop_at_launch)
 
 
 def _stop_at_launch(flags: dict[str, Any]) -> Any:

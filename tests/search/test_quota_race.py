@@ -14,10 +14,12 @@ from studyrace import record_after_first_poll
 
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, parse_model
 from autotune.engines import get_adapter
-from autotune.search.parallel import _Gate, _Task
-from autotune.search.progress import NullProgress
+from autotune.search.parallel import _Gate
+from autotune.search.progress import NullProgress, Progress
 from autotune.search.record import WITHDRAWN, trial_record, write_trial
-from autotune.search.runner import STAGE_VALIDATION, StudyRun, Withdrawn
+from autotune.search.runner import Placement, StudyRun, Withdrawn
+from autotune.search.stage import Stage
+from autotune.search.stages import Task
 from autotune.search.storage import open_study, superseded
 from autotune.search.tune import TuneJob, make_sampler
 
@@ -25,7 +27,7 @@ SPACE = {"params": {"max_running": {"type": "int", "low": 8, "high": 256, "log":
 WORKLOAD = {"name": "w", "dataset": {"input_len": 64, "output_len": 8}, "num_prompts": 8}
 
 
-def _worker(tmp_path: Path) -> StudyRun:
+def _worker(tmp_path: Path, progress: Progress | None = None, placement: Placement | None = None) -> StudyRun:
     """One worker's trial plumbing on the shared study, with its own gate as the parallel
     orchestrator wires it. Its engine command fails at once: no test here may reach a launch."""
     engine = parse_model(
@@ -41,18 +43,19 @@ def _worker(tmp_path: Path) -> StudyRun:
     )
     directions = job.workload.objective.directions
     study = open_study("q", job.storage_url, directions=directions, sampler=make_sampler(job.study))
-    run = StudyRun(job, get_adapter(job.engine), study, NullProgress())
-    run.admit = _Gate(run).admitted
-    return run
+    gate = _Gate(study)
+    return StudyRun(
+        job, get_adapter(job.engine), study, progress or NullProgress(), admit=gate.admitted, placement=placement
+    )
 
 
-def _validation_task(run: StudyRun, quota: int = 1) -> _Task:
+def _validation_task(run: StudyRun, quota: int = 1) -> Task:
     def start(first: bool) -> None:
-        run.run(STAGE_VALIDATION, explicit={"max_running": 64}, extra={"validates": 3})
+        run.run(Stage.VALIDATION, explicit={"max_running": 64}, extra={"validates": 3})
 
-    return _Task(
+    return Task(
         "validation:3",
-        lambda t: trial_record(t).stage == STAGE_VALIDATION and trial_record(t).validates == 3,
+        lambda t: trial_record(t).stage == Stage.VALIDATION and trial_record(t).validates == 3,
         quota,
         start,
     )
@@ -61,7 +64,7 @@ def _validation_task(run: StudyRun, quota: int = 1) -> _Task:
 def _other_workers_trial(study: optuna.Study, *, record: bool = True) -> optuna.Trial:
     trial = study.ask()
     if record:
-        write_trial(trial, stage=STAGE_VALIDATION, validates=3, params={"max_running": 64})
+        write_trial(trial, stage=Stage.VALIDATION, validates=3, params={"max_running": 64})
     return trial
 
 
@@ -92,12 +95,12 @@ def test_the_later_of_two_trials_for_one_place_is_withdrawn_before_launch(tmp_pa
 
 
 def test_a_trial_asked_first_keeps_its_place(tmp_path: Path) -> None:
-    run = _worker(tmp_path)
+    ran: list[int] = []
+    seen = type("Seen", (NullProgress,), {"trial_started": lambda self, n, s, p: ran.append(n)})()
+    # The admitted trial goes on towards its launch: its placement stops it there.
+    run = _worker(tmp_path, progress=seen, placement=_refuse_placement)
     gate, task = _gate(run), _validation_task(run)
     assert gate.reserve(task) == 0
-    ran: list[int] = []
-    run.progress = type("Seen", (NullProgress,), {"trial_started": lambda self, n, s, p: ran.append(n)})()
-    run.placement = _refuse_placement  # the admitted trial goes on towards its launch: stop it there
     with pytest.raises(RuntimeError, match="placement reached"):
         task.start(True)
     gate.visible()
@@ -113,7 +116,7 @@ def test_a_worker_waits_for_the_start_record_of_a_trial_asked_just_before(
     assert gate.reserve(task) == 0
     theirs = _other_workers_trial(run.study, record=False)  # asked, its record not written yet
     looks = record_after_first_poll(
-        monkeypatch, run, lambda: write_trial(theirs, stage=STAGE_VALIDATION, validates=3, params={"max_running": 64})
+        monkeypatch, run, lambda: write_trial(theirs, stage=Stage.VALIDATION, validates=3, params={"max_running": 64})
     )
     with pytest.raises(Withdrawn):
         task.start(True)

@@ -1,10 +1,15 @@
 """What every stage shares: the knob names, the 0.02 step, a stage skipped with its reason,
-and the runs a resumed stage reads back instead of repeating them."""
+the runs a resumed stage reads back instead of repeating them, and what a stage asks of the
+orchestrator that runs it (:class:`Dispatch`: run one body on one worker, fill quotas of trials
+on every slot)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from optuna.trial import FrozenTrial
 
 from autotune.search.record import StageState, TrialRecord, trial_record, trial_records
 from autotune.search.runner import StudyRun
@@ -13,6 +18,33 @@ from autotune.search.trial import graph_facts
 
 STEP = 0.02
 MEMORY, GRAPH, CONTEXT = "memory_fraction", "cuda_graph_max_bs", "context_len"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Task:
+    """Trials of one kind to fill up to ``quota`` (across every slot of every worker)."""
+
+    key: str
+    match: Callable[[FrozenTrial], bool]
+    quota: int
+    start: Callable[[bool], Any]  # runs one trial; the flag says it is the first of its kind
+    stalled: Callable[[], str | None] = lambda: None  # why the task may end below its quota
+
+
+class Dispatch(Protocol):
+    """Where the stages run: the orchestrator's side (``autotune.search.parallel``)."""
+
+    @property
+    def leads(self) -> bool:
+        """Whether this worker ran the sequential stages (only it seeds the search)."""
+
+    def sequential(self, body: Callable[[], T]) -> T:
+        """Run ``body`` on one worker of the study, the others waiting for its result."""
+
+    def fill(self, tasks: list[Task]) -> None:
+        """Run the tasks' trials on every slot until each quota is met or its task stalled."""
 
 
 def skip_stage(run: StudyRun, stage: str, why: str) -> None:

@@ -1,5 +1,7 @@
-"""After the baseline: the context length from the workload's longest request, and the SLO-first
-move when the defaults broke the SLO (decided once, carried by the next runs)."""
+"""The start of a study: the baseline (the engine's defaults, every gain is over it), the noise
+runs (the first served configuration again, the study's run-to-run noise), the context length
+from the workload's longest request, and the SLO-first move when the defaults broke the SLO
+(decided once, carried by the next runs)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 from autotune.config import CategoricalParam, IntParam, SearchSpace
 from autotune.outcomes import Outcome
-from autotune.search.record import StageState
+from autotune.search.record import StageState, TrialRecord, trial_records
 from autotune.search.runner import StudyRun
 from autotune.search.stage import Stage
 from autotune.search.stages.common import (
@@ -22,6 +24,41 @@ from autotune.search.stages.common import (
 )
 
 SLO_FIRST = "slo_first"
+
+
+def baseline(run: StudyRun) -> None:
+    """The engine's defaults, once (a resumed study keeps its baseline)."""
+    if run.job.study.baseline and not run.finished(Stage.BASELINE) and not run.out_of_time():
+        run.run(Stage.BASELINE)
+
+
+def measure_noise(run: StudyRun) -> None:
+    """The study's first served configuration again on fresh engines (``noise_runs``): two
+    measurements of one configuration give the study its run-to-run noise before the first
+    decision that compares two runs needs it. That is the engine's defaults, right after the
+    baseline; when they did not serve (a default context too long for the card), the first run
+    that did, so a study whose defaults fail still decides on noise it measured. Called after
+    each early run until it has launched its runs; a no-op from then on, and in a study without
+    a baseline (it skips the runs that only measure)."""
+    wanted = run.job.study.noise_runs if run.job.study.baseline else 0
+    if not wanted or len(run.finished(Stage.NOISE)) >= wanted:
+        return
+    first = next((r for r in trial_records(run.finished()) if _first_measurement(r)), None)
+    if first is None:
+        return  # nothing served yet: nothing to launch again
+    if not run.noise_lock.acquire(blocking=False):
+        return  # another slot is measuring it; this one goes on searching
+    try:
+        while len(run.finished(Stage.NOISE)) < wanted and not run.out_of_time():
+            run.run(Stage.NOISE, explicit=first.params or {})
+    finally:
+        run.noise_lock.release()
+    run.progress.message(run.noise().describe())
+
+
+def _first_measurement(record: TrialRecord) -> bool:
+    """A served run of the study's own workload that is not itself a re-run of another."""
+    return record.served_its_workload and record.stage not in (Stage.NOISE, Stage.VALIDATION)
 
 
 def context(run: StudyRun, fixed: dict[str, Any], move: Mapping[str, Any]) -> dict[str, Any]:

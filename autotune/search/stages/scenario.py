@@ -1,13 +1,21 @@
-"""The scenario search's opening: the articles' starting points per scenario, snapped to the
-space, and SGLang's conservativeness rule for the next trial."""
+"""The scenario stage: a search over the knobs the earlier stages left, on every slot, opened at
+the articles' starting point for the workload's scenario (with the SLO-first move on top when the
+baseline broke the SLO), each slot's next trial steered by SGLang's conservativeness rule."""
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from autotune.config import CategoricalParam, FloatParam, IntParam, SearchSpace, Workload
+from autotune.search.record import trial_record
 from autotune.search.runner import StudyRun
+from autotune.search.stage import Stage
+from autotune.search.stages.common import Dispatch, Task, skip_stage
+from autotune.search.stages.context import measure_noise, slo_first_stored
+from autotune.search.stages.search import search_stall
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     # The articles' recommended starting points (seed 000, §5), per scenario.
@@ -16,6 +24,43 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "long_context": {"max_running": 32, "batched_tokens": 8192},
     "shared_prefix": {"prefix_caching": True, "schedule_policy": "lpm"},
 }
+
+
+def scenario(run: StudyRun, dispatch: Dispatch, quota: int, fixed: dict[str, Any]) -> None:
+    """Up to ``quota`` trials over the space's knobs not in ``fixed`` (decided by earlier stages)."""
+    rest = SearchSpace(params={k: v for k, v in run.job.space.params.items() if k not in fixed})
+    if not rest.params:
+        skip_stage(run, Stage.SCENARIO, "every knob of the space was decided by earlier stages")
+        return
+    kind = scenario_of(run.job.workload)
+    # Only the worker that ran the sequential stages seeds the search, so two workers never
+    # both run the articles' starting point.
+    opening, why = _opening(run, rest, kind) if dispatch.leads else (None, "")
+    follow: dict[int, dict[str, Any] | None] = {}  # thread → hint from its last result
+
+    def start(first: bool) -> None:
+        me = threading.get_ident()
+        hint = opening if first and opening is not None else follow.get(me)
+        if first and opening is not None:
+            run.progress.message(f"scenario search ({kind} workload): first trial from {why}")
+        result = run.run(Stage.SCENARIO, explicit=fixed, sample=rest, hint=hint)
+        follow[me] = conservativeness_next(run, rest, result.facts, result.flags)
+        measure_noise(run)  # when no earlier run served, on the first scenario trial that did
+
+    stall = functools.partial(search_stall, run, Stage.SCENARIO, quota, rest, fixed)
+    dispatch.fill([Task(Stage.SCENARIO, lambda t: trial_record(t).stage == Stage.SCENARIO, quota, start, stall)])
+
+
+def _opening(run: StudyRun, rest: SearchSpace, kind: str) -> tuple[dict[str, Any], str]:
+    """The scenario's first trial: the articles' starting point, with the SLO-first move on
+    top when the baseline broke the SLO (its symptoms outrank a generic recommendation)."""
+    articles = snap_to_space(rest, SCENARIOS[kind])
+    move, reason = slo_first_stored(run)
+    moved = snap_to_space(rest, move)
+    why = f"the articles' {articles or 'defaults'}"
+    if moved:
+        why += f" with the SLO-first move {moved} ({reason})"
+    return {**articles, **moved}, why
 
 
 def scenario_of(workload: Workload) -> str:
