@@ -102,10 +102,11 @@ def test_decode_lines_and_retraction_warnings_under_a_tight_pool(sims: Any) -> N
         "sglang",
         "--model-path",
         MODEL,
-        # 2,000 tokens: any 8 of the 24 requests (264 tokens each at their end) overflow it, so
-        # the pool fills even when a busy client's requests arrive spread out.
+        # 500 tokens: any 2 of the 24 requests (264 tokens each at their end) overflow it, so the
+        # pool fills even when a starved client's requests arrive spread out (on a loaded 2-core
+        # host, 2,000 tokens once saw no more than 5 running at a time, and no retraction).
         "--max-total-tokens",
-        "2000",
+        "500",
         "--schedule-conservativeness",
         "0.05",
         "--decode-log-interval",
