@@ -140,7 +140,7 @@ def _vllm_plan(
 ) -> tuple[float, int]:
     """(KV bytes, KV tokens) of vLLM's start-up plan for one rank."""
     m = _model(model)
-    fp = footprint(m, tp=tp, quantization=quantization, kv_dtype=kv_dtype)
+    fp = footprint(m, tp=tp, quantization=quantization, kv_dtype=kv_dtype, p2p=GPUS[gpu].p2p)
     sizes = [1, 2, 4, *range(8, 513, 8)] if graphs else []
     plan = plan_vllm(
         VllmMemory(
@@ -176,13 +176,13 @@ def _weights_gib(model: str, tp: int = 1, quantization: str | None = None) -> Ca
     return lambda: footprint(_model(model), tp=tp, quantization=quantization).weight_bytes / GIB
 
 
-def _non_torch_gib(model: str, tp: int = 1) -> Callable[[], float]:
-    return lambda: footprint(_model(model), tp=tp).non_torch_bytes / GIB
+def _non_torch_gib(model: str, tp: int = 1, gpu: str = "H100-80GB") -> Callable[[], float]:
+    return lambda: footprint(_model(model), tp=tp, p2p=GPUS[gpu].p2p).non_torch_bytes / GIB
 
 
 def _sglang_tokens(model: str, gpu: str, fraction: float, tp: int, quantization: str | None) -> Callable[[], float]:
     def run() -> float:
-        fp = footprint(_model(model), tp=tp, quantization=quantization)
+        fp = footprint(_model(model), tp=tp, quantization=quantization, p2p=GPUS[gpu].p2p)
         plan = plan_sglang(SglangMemory(GPUS[gpu], fp, fraction, None, 1, [1], []))
         return float(plan.kv_tokens)
 
@@ -530,6 +530,7 @@ _RECORDED: tuple[Fact, ...] = (
         _non_torch_gib(_LLAMA),
         known_miss="the same quantity logs 0.32 GiB in later vLLM (the fitted fact) and 0.35 GiB on an RTX 3090 "
         "(vllm#10517); this dev build's 1.79 GiB at TP 1 is not reproduced by one constant",
+        moved="used in a fit: NCCL_GIB (memory.py) is the TP 2 row's increment over this row, the same build",
     ),
     Fact(
         "non_torch_memory (GiB)",
@@ -546,6 +547,8 @@ _RECORDED: tuple[Fact, ...] = (
         _non_torch_gib(_LLAMA, tp=2),
         known_miss="same build as the TP 1 row (1.79 GiB at TP 1); the TP 2 increment (+1.79 GiB) is what the "
         "model's NCCL term targets",
+        moved="used in a fit: NCCL_GIB (memory.py) is this row's increment over the same build's TP 1 row "
+        "(3.58 − 1.79 GiB); the total is not reproduced, as the model's TP 1 part is later builds' 0.32 GiB",
     ),
     Fact(
         "available_kv_cache_memory (GiB)",
@@ -639,11 +642,12 @@ _RECORDED: tuple[Fact, ...] = (
         "TP 2 over PCIe (no NVLink)",
         0.25,
         "GiB",
-        _non_torch_gib(_R1_14B, tp=2),
+        _non_torch_gib(_R1_14B, tp=2, gpu="RTX-4090"),
         known_miss=(
-            "the model's NCCL_GIB (0.7 GiB for any TP > 1) describes NVLink pairs; this PCIe pair of RTX 4090s "
-            "logs 0.25 GiB in all (no peer-to-peer, so likely no custom all-reduce buffers); footprint() does not"
-            " know the link"
+            "labelled when footprint() added NCCL buffers on any link: this PCIe pair of RTX 4090s logs 0.25 GiB "
+            "in all, as a GeForce driver turns peer-to-peer off (NCCL stages through host memory, no custom "
+            "all-reduce); the model now adds nothing without peer-to-peer (GpuPreset.p2p), and what is left is "
+            "the TP 1 constant (0.32 GiB, fitted on an H100) against 0.25 GiB here"
         ),
     ),
     Fact(
@@ -696,7 +700,7 @@ _RECORDED: tuple[Fact, ...] = (
             model=_Q235, gpu="H100-80GB", util=0.9, batched=8192, seqs=1024, max_len=40960, tp=4, quantization="fp8"
         ),
         known_miss=(
-            "vLLM's profile of this FP8 MoE reserves ~5.6 GiB per rank more than the model's activations (fused-"
+            "vLLM's profile of this FP8 MoE reserves ~3.5 GiB per rank more than the model's activations (fused-"
             "MoE and FP8 block-quant workspaces are not modelled); the SGLang row for the same checkpoint and "
             "GPUs is within 4 %, so weights and KV bytes per token are right"
         ),
@@ -1011,8 +1015,9 @@ _RECORDED: tuple[Fact, ...] = (
         "GiB",
         _non_torch_gib(_LLAMA, tp=2),
         known_miss=(
-            "vLLM 0.19 logs ~2.1 GiB of non-torch memory per rank at TP 2 and 4 on NVLink H100s (0.25 GiB at TP 1 in "
-            "the same sweep); the model adds one 0.7 GiB NCCL_GIB for any TP > 1, sized to an older build"
+            "labelled when the model added 0.7 GiB for any TP > 1: vLLM 0.19 logs ~2.1 GiB per rank at TP 2 and 4 "
+            "on NVLink H100s; NCCL_GIB is now fitted to vllm#10511's TP 2 increment (another build), which this "
+            "row checks"
         ),
     ),
     Fact(
@@ -1029,8 +1034,9 @@ _RECORDED: tuple[Fact, ...] = (
         "GiB",
         _non_torch_gib("llama-3.1-70b", tp=4),
         known_miss=(
-            "vLLM 0.19 logs ~2.1 GiB of non-torch memory per rank at TP 2 and 4 on NVLink H100s (0.25 GiB at TP 1 in "
-            "the same sweep); the model adds one 0.7 GiB NCCL_GIB for any TP > 1, sized to an older build"
+            "labelled when the model added 0.7 GiB for any TP > 1: vLLM 0.19 logs ~2.1 GiB per rank at TP 2 and 4 "
+            "on NVLink H100s; NCCL_GIB is now fitted to vllm#10511's TP 2 increment (another build), which this "
+            "row checks"
         ),
     ),
     Fact(
@@ -1169,7 +1175,10 @@ class Summary:
     median_abs_error: float  # over every validation row
     worst_by_category: dict[str, tuple[Fact, float]]
     outside_band: list[tuple[Fact, float]]  # every row outside ±25 %, known misses included
-    known_misses: list[tuple[Fact, float]]  # the rows outside the goal that have a stated reason
+    known_misses: list[tuple[Fact, float]]  # rows labelled a miss when recorded, still outside ±25 %
+    # Rows labelled a miss when recorded that a later physical change brought within ±25 % (the
+    # label stays: it is part of the record).
+    recovered: list[tuple[Fact, float]]
 
     @property
     def ok(self) -> bool:
@@ -1187,7 +1196,8 @@ def summarise(facts: tuple[Fact, ...] = VALIDATION) -> Summary:
         statistics.median(abs(e) for _, e in errors) if errors else 0.0,
         worst,
         [(f, e) for f, e in errors if abs(e) > GOAL_BAND],
-        [(f, e) for f, e in errors if f.known_miss is not None],
+        [(f, e) for f, e in errors if f.known_miss is not None and abs(e) > GOAL_BAND],
+        [(f, e) for f, e in errors if f.known_miss is not None and abs(e) <= GOAL_BAND],
     )
 
 

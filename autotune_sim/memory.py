@@ -9,8 +9,8 @@ What is allocated
   (vLLM logs 14.99 GiB for Llama-3.1-8B whose bf16 parameters are 14.96 GiB).
 * **CUDA context** (``CUDA_CONTEXT_GIB``): created before either engine takes its memory
   snapshot, so it is outside vLLM's budget and outside SGLang's ``pre``.
-* **Non-torch memory** (cuBLAS workspaces, NCCL buffers when TP × PP > 1): vLLM counts it in
-  "consumed"; SGLang sees it as memory no longer free.
+* **Non-torch memory** (cuBLAS workspaces; NCCL buffers when TP × PP > 1 over direct GPU
+  links): vLLM counts it in "consumed"; SGLang sees it as memory no longer free.
 * **Activations** of one forward pass: ``act_bytes_per_token`` × batched tokens (the MLP's
   gate/up/activation outputs dominate: 4.5 × intermediate + 2 × hidden elements per token)
   plus fp32 logits for every sequence sampled in the step, the same on every TP rank.
@@ -77,10 +77,13 @@ __all__ = [
 GIB = float(1 << 30)
 CUDA_CONTEXT_GIB = 0.5
 NON_TORCH_GIB = 0.32  # FITTED: vLLM logs "non_torch_memory takes 0.32GiB" for an 8B model at TP=1
-# Assumption, not fitted: NCCL / custom all-reduce buffers at TP × PP > 1. VALIDATION rows disagree
-# by link (fidelity.py): +1.79 GiB at TP 2 over NVLink (vllm#10511, a 0.6.5 build that also logs
-# 1.79 GiB at TP 1) and 0.25 GiB in all over PCIe (vllm#13061); both are listed known misses.
-NCCL_GIB = 0.7
+# Communication buffers of a rank at TP × PP > 1 where its GPUs reach each other directly
+# (``GpuPreset.p2p``): NCCL's per-channel buffers to its two ring neighbours (the same for any ring
+# size) and vLLM's custom all-reduce buffers. FITTED to vllm#10511: non-torch memory 1.79 GiB at
+# TP 1 and 3.58 GiB at TP 2 on NVLink H100s, the same build, so +1.79 GiB per rank. Without
+# peer-to-peer (GeForce cards) NCCL stages through host memory and the custom all-reduce is off:
+# nothing is added (fidelity.py holds both against vLLM 0.19's TP 2/4 logs and a PCIe RTX 4090 pair).
+NCCL_GIB = 1.79
 WEIGHT_BUFFERS_GIB = 0.03
 FRAGMENTATION = 0.3
 RUNTIME_RESERVE_FRACTION = 0.04
@@ -136,8 +139,10 @@ def footprint(
     dtype: str = "auto",
     kv_dtype: str = "auto",
     quantization: str | None = None,
+    p2p: bool = True,
 ) -> Footprint:
-    """What one rank holds for this model, parallel layout and precision."""
+    """What one rank holds for this model, parallel layout and precision; ``p2p``: whether the
+    ranks' GPUs reach each other directly (``GpuPreset.p2p``)."""
     act_dtype = 4.0 if dtype in ("float", "float32") else 2.0
     per_param = weight_bytes_per_param(dtype, quantization)
     body = model.params - model.embedding_params
@@ -154,7 +159,7 @@ def footprint(
     # (1.26 GiB for Llama-3-8B on H100s, vllm-project/vllm#10511; the earlier /TP modelled
     # 0.74 GiB at TP 2, −41 %). Changed to match that row, which is therefore a fitted row now.
     act_per_token = act_dtype * (4.5 * inter + 2 * model.hidden + routing)
-    non_torch = (NON_TORCH_GIB + (NCCL_GIB if tp * pp > 1 else 0.0)) * GIB
+    non_torch = (NON_TORCH_GIB + (NCCL_GIB if tp * pp > 1 and p2p else 0.0)) * GIB
     return Footprint(
         weight_bytes=weights + WEIGHT_BUFFERS_GIB * GIB,
         kv_bytes_per_token=int(kv_per_token),

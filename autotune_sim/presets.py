@@ -33,6 +33,11 @@ class GpuPreset:
         link_latency_s: Latency of one small all-reduce.
         hopper: True for SM90 (SGLang picks fa3 there; vLLM's A100 rule excludes it).
         is_a100: vLLM's batch defaults treat A100s apart from other ≥70 GiB GPUs.
+        p2p: Whether two of these GPUs reach each other's memory directly (NVLink, or PCIe
+            peer-to-peer on data-centre cards). GeForce drivers turn PCIe peer-to-peer off (a
+            pair of RTX 4090s, or RTX 3090s without an NVLink bridge): NCCL then goes through
+            host memory and vLLM disables its custom all-reduce, so neither keeps its buffers
+            on the GPU (``memory.NCCL_GIB``).
     """
 
     name: str
@@ -46,6 +51,7 @@ class GpuPreset:
     link_latency_s: float
     hopper: bool = False
     is_a100: bool = False
+    p2p: bool = True
 
 
 @dataclass(frozen=True)
@@ -134,10 +140,12 @@ GPUS: dict[str, GpuPreset] = {
         # L4: 300 GB/s GDDR6, 121 TFLOP/s bf16, 242 fp8; PCIe Gen4 only.
         GpuPreset("L4", "NVIDIA L4", 22.03, 23034, 0.3 * _TB, 121e12, 242e12, 25e9, 25e-6),
         # RTX 4090: 1008 GB/s GDDR6X, 165 TFLOP/s bf16 (fp32 accumulate), 330 fp8; no NVLink/P2P.
-        GpuPreset("RTX-4090", "NVIDIA GeForce RTX 4090", 23.65, 24564, 1.008 * _TB, 165e12, 330e12, 25e9, 30e-6),
+        GpuPreset(
+            "RTX-4090", "NVIDIA GeForce RTX 4090", 23.65, 24564, 1.008 * _TB, 165e12, 330e12, 25e9, 30e-6, p2p=False
+        ),
         # RTX 3090: 936 GB/s GDDR6X, 71 TFLOP/s dense bf16 (fp16 accumulate; NVIDIA GA102 whitepaper),
         # no fp8; torch total 23.58 GiB as vLLM logs it (vllm-project/vllm#10517). No NVLink/P2P assumed.
-        GpuPreset("RTX-3090", "NVIDIA GeForce RTX 3090", 23.58, 24576, 0.936 * _TB, 71e12, 0.0, 25e9, 30e-6),
+        GpuPreset("RTX-3090", "NVIDIA GeForce RTX 3090", 23.58, 24576, 0.936 * _TB, 71e12, 0.0, 25e9, 30e-6, p2p=False),
     )
 }
 

@@ -77,6 +77,10 @@ def main() -> int:
         print("Known misses (counted in the median and the bands; listed with the reason):")
         for f, err in s.known_misses:
             print(f"  {100 * err:+6.1f} %  {f.name} ({f.model}, TP{f.tp}): {f.known_miss}")
+    if s.recovered:
+        print("Labelled misses when recorded, within ±25 % now (the label is part of the record):")
+        for f, err in s.recovered:
+            print(f"  {100 * err:+6.1f} %  {f.name} ({f.gpu}, {f.model}, TP{f.tp}): {f.known_miss}")
     unexplained = [(f, e) for f, e in s.outside_band if f.known_miss is None]
     if unexplained:
         print("Rows outside ±25 % with no stated reason:")

@@ -46,15 +46,11 @@ class Assumption:
     low: float
     high: float
     why: str
-    tp_only: bool = False  # only matters where a case runs with tensor parallelism
 
     def value(self, level: str) -> float:
         if level == NOMINAL:
             return float(getattr(importlib.import_module(self.module), self.name))
         return self.low if level == "low" else self.high
-
-    def applies(self, case: Any) -> bool:
-        return case.tp > 1 or not self.tp_only
 
 
 ASSUMPTIONS = (
@@ -75,15 +71,6 @@ ASSUMPTIONS = (
         "low: only the allocator slack of those OOM messages (0.1-0.8 % of the card); high: vllm#9290's "
         "process held 79.1 GiB at --gpu-memory-utilization 0.941 (74.5 GiB), 5.9 % of the card over its "
         "budget under load; vLLM's maintainers call 0.95 safe (vllm#1298)",
-    ),
-    Assumption(
-        "NCCL_GIB",
-        "autotune_sim.memory",
-        0.25,
-        1.8,
-        "per-rank communication buffers at TP > 1: 0.25 GiB of non-torch memory in all over PCIe "
-        "(vllm#13061), +1.79 GiB from TP 1 to TP 2 over NVLink (vllm#10511)",
-        tp_only=True,
     ),
     Assumption(
         "PER_SEQ_OVERHEAD_S",
@@ -160,7 +147,7 @@ def run_rows(
     args: argparse.Namespace,
     log: Callable[[str], None],
 ) -> list[Row]:
-    """The nominal model once per case, then each assumption's ends on the cases it applies to."""
+    """The nominal model once per case, then each assumption's ends on every case."""
     rows: list[Row] = []
 
     def one(case: Any, name: str, level: str, value: float | None) -> None:
@@ -175,7 +162,7 @@ def run_rows(
         for level in (lv for lv in levels if lv != NOMINAL):
             value = a.value(level)
             with patched(a, value):
-                for case in (c for c in cases if a.applies(c)):
+                for case in cases:
                     one(case, a.name, level, value)
     return rows
 

@@ -174,7 +174,15 @@ class SglangDialect(Dialect):
 
     def _plan(self) -> SglangMemoryPlan:
         c, s = self.cfg, self.settings
-        self.fp = footprint(c.model, tp=c.tp, pp=c.pp, dtype=c.dtype, kv_dtype=c.kv_dtype, quantization=c.quantization)
+        self.fp = footprint(
+            c.model,
+            tp=c.tp,
+            pp=c.pp,
+            dtype=c.dtype,
+            kv_dtype=c.kv_dtype,
+            quantization=c.quantization,
+            p2p=s.gpu.p2p,
+        )
         wc = self.wc
         held = wc.daemon_bytes if wc is not None else 0.0
         return plan_sglang(

@@ -207,7 +207,15 @@ class VllmDialect(Dialect):
 
     def _plan(self) -> VllmMemoryPlan:
         c, s = self.cfg, self.settings
-        self.fp = footprint(c.model, tp=c.tp, pp=c.pp, dtype=c.dtype, kv_dtype=c.kv_dtype, quantization=c.quantization)
+        self.fp = footprint(
+            c.model,
+            tp=c.tp,
+            pp=c.pp,
+            dtype=c.dtype,
+            kv_dtype=c.kv_dtype,
+            quantization=c.quantization,
+            p2p=s.gpu.p2p,
+        )
         self.memory = VllmMemory(
             gpu=s.gpu,
             fp=self.fp,

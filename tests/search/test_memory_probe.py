@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from autotune.config import Workload, as_given, load_yaml, parse_model
-from autotune.search.stages import MemoryProbe, conservativeness_hint, peak_workload, plan_budget, scenario_of
+from autotune.search.stages import (
+    MemoryProbe,
+    conservativeness_hint,
+    peak_requests,
+    peak_workload,
+    plan_budget,
+    scenario_of,
+)
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 
@@ -68,6 +75,34 @@ def test_peak_workload_is_longest_requests_all_at_once() -> None:
     assert (peak.dataset.output_dist.low, peak.dataset.output_dist.high) == (300, 300)
     assert peak.arrival.concurrency == 128 and math.isinf(peak.arrival.request_rate)
     assert peak.num_prompts == 128 and not peak.slos
+
+
+# A 70B model on two 80 GB cards, as vLLM logs it per rank: 67.85 GiB of weights, 160 KiB of KV per token.
+SEVENTY_B = {
+    "memory_budget": "total",
+    "mem_total_gib": 79.19,
+    "mem_free_gib": 78.69,
+    "weights_gib": 67.85,
+    "kv_bytes_per_token": 163840,
+}
+
+
+def test_a_probe_sends_two_rounds_of_the_most_its_pool_could_hold() -> None:
+    # 0.92 × 79.19 − 67.85 = 5.0 GiB, all of it KV at most: 32.8k tokens, 14.2 requests of 2304.
+    assert peak_requests(SEVENTY_B, 0.92, 2304) == 2 * 15
+    assert peak_requests(SEVENTY_B, 0.96, 2304) == 2 * 24  # a higher fraction holds more
+    # SGLang's static fraction is of the free memory: 0.92 × 78.69 − 67.85 = 4.55 GiB.
+    assert peak_requests({**SEVENTY_B, "memory_budget": "static"}, 0.92, 2304) == 2 * 13
+    assert peak_requests(SEVENTY_B, 0.80, 2304) == 2  # the weights do not fit: one request a round
+    peak = peak_workload(parse_model(Workload, {"dataset": {"input_len": 2000, "output_len": 300}}, "t"), 1024, 30)
+    assert peak.num_prompts == 30 and peak.arrival.concurrency == 1024
+
+
+@pytest.mark.parametrize("missing", ["memory_budget", "mem_total_gib", "weights_gib", "kv_bytes_per_token"])
+def test_a_probe_without_the_start_up_facts_sends_one_request_per_slot(missing: str) -> None:
+    facts = {k: v for k, v in SEVENTY_B.items() if k != missing}
+    assert peak_requests(facts, 0.92, 2304) is None
+    assert peak_workload(parse_model(Workload, {}, "t"), 64, None).num_prompts == 64
 
 
 def test_peak_of_a_multi_turn_workload_carries_the_whole_history() -> None:

@@ -15,7 +15,7 @@ import pytest
 from benchmark_loader import load_benchmark
 
 from autotune.outcomes import Outcome
-from autotune.search.stages import peak_workload
+from autotune.search.stages import peak_requests, peak_workload
 
 SEEDS = 3
 BUDGET = 30
@@ -37,14 +37,14 @@ PROMPTS = {
 # them beyond the slack.
 RECORDED: dict[str, tuple[int, float]] = {
     "qwen7b-l4-offline": (3, 0.0),  # TPE and random never reach 97 % here
-    "llama8b-4090-chat-kvdtype": (3, 1.69),
-    "llama8b-h100-chat-p95": (3, 4.55),
+    "llama8b-4090-chat-kvdtype": (3, 1.45),
+    "llama8b-h100-chat-p95": (3, 3.50),
     "llama8b-a100-40-longctx": (3, 1.0),  # the defaults are at 99 %: every method reaches on trial 1
     "qwen3moe-h100-tp2-offline": (3, 1.0),
     "qwen72b-tp4-h100-chat": (3, 0.97),
     "sglang-llama8b-h100-chat": (3, 0.30),
     "sglang-qwen7b-l4-offline": (0, 1.0),  # nobody reaches 97 % (the optimum OOMs under the peak shape)
-    "llama70b-tp2-h100-offline": (3, 0.0),  # TPE and random never reach 97 % here
+    "llama70b-tp2-h100-offline": (3, 0.89),
 }
 SLACK = 1.10
 
@@ -149,6 +149,32 @@ def test_one_round_of_peak_requests_gives_the_probe_verdicts_of_two(se: Any, nam
         assert a.cost_s <= b.cost_s
         verdicts.add(a.outcome)
     assert len(verdicts) > 1  # the fractions cross the edge: the comparison covers both sides
+
+
+@pytest.mark.slow  # whole simulated runs in virtual time
+@pytest.mark.parametrize("name", ["llama70b-tp2-h100-offline", "llama8b-4090-chat-kvdtype"])
+def test_two_rounds_of_a_full_pool_give_the_probe_verdicts_of_one_request_per_slot(se: Any, name: str) -> None:
+    # Where the pool holds a few peak requests at once, one per slot queues hundreds behind it:
+    # the probe capped at two rounds of the most the pool could hold dies or survives the same way.
+    case = next(c for c in se.CASES if c.name == name)
+    obj = se.SimObjective(case)
+    served = obj({"context_len": case.context_len}, case.workload)  # the context run: the default fraction
+    assert served.outcome.served, served
+    slots = max(case.space.params["max_running"].choices)
+    distinct = case.workload.longest_request_tokens - case.workload.dataset.prefix_len
+    verdicts, capped_somewhere = set(), False
+    for i in range(5):
+        fraction = round(0.90 + 0.02 * i, 2)
+        cap = peak_requests(served.facts, fraction, distinct)
+        assert cap is not None
+        capped_somewhere |= cap < slots
+        params = {"context_len": case.context_len, "memory_fraction": fraction}
+        full = obj(params, peak_workload(case.workload, slots))
+        capped = obj(params, peak_workload(case.workload, slots, cap))
+        assert capped.outcome == full.outcome, (params, cap)
+        assert capped.cost_s <= full.cost_s
+        verdicts.add(full.outcome)
+    assert capped_somewhere and len(verdicts) > 1  # the cap applied, and the fractions cross the edge
 
 
 def test_peer_probe_checks_startup_only(tiny: Any, se: Any) -> None:

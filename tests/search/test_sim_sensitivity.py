@@ -78,9 +78,9 @@ def test_saved_rows_print_the_same_table(ss: Any, tmp_path: Path) -> None:
         ss.load_rows([str(tmp_path / "missing.json")])
 
 
-def test_a_tp_only_assumption_skips_single_gpu_cases(ss: Any) -> None:
+def test_each_assumption_runs_at_both_ends_after_the_nominal_model(ss: Any) -> None:
     se = ss.load_search_efficiency()
-    case = next(c for c in se.CASES if c.tp == 1)
+    case = se.CASES[0]
     calls: list[tuple[str, str]] = []
 
     class Fake:
@@ -88,16 +88,13 @@ def test_a_tp_only_assumption_skips_single_gpu_cases(ss: Any) -> None:
 
         @staticmethod
         def evaluate_case(c: Any, *a: Any) -> Any:
-            calls.append((c.name, str(memory.NCCL_GIB)))
+            calls.append((c.name, str(memory.FRAGMENTATION)))
             return [Namespace(case=c.name, optimum=1.0, default_share=1.0, default_outcome="ok", methods={})]
 
     args = Namespace(seeds=1, budget=1, methods=[], noise=0.0)
-    tp2 = next(c for c in se.CASES if c.tp == 2)
-    rows = ss.run_rows(Fake, [ss.BY_NAME["NCCL_GIB"]], ["low", "nominal", "high"], [case, tp2], args, lambda m: None)
-    assert [(r.case, r.level) for r in rows] == [
-        (case.name, "nominal"),
-        (tp2.name, "nominal"),
-        (tp2.name, "low"),
-        (tp2.name, "high"),
-    ]
-    assert calls[2:] == [(tp2.name, "0.25"), (tp2.name, "1.8")]  # the evaluation saw the patched value
+    fragmentation = ss.BY_NAME["FRAGMENTATION"]
+    rows = ss.run_rows(Fake, [fragmentation], ["low", "nominal", "high"], [case], args, lambda m: None)
+    assert [(r.case, r.level) for r in rows] == [(case.name, "nominal"), (case.name, "low"), (case.name, "high")]
+    # The evaluation saw the patched value, and the nominal one again afterwards.
+    assert calls == [(case.name, str(memory.FRAGMENTATION)), (case.name, "0.05"), (case.name, "0.5")]
+    assert memory.FRAGMENTATION not in (fragmentation.low, fragmentation.high)

@@ -12,7 +12,7 @@ from autotune_sim.fidelity import FITTED, GOAL_BAND, RECORD, VALIDATION, Fact, r
 
 # The median |error| over every validation row as it stands (known misses included): it may only
 # fall. The goal (≤ 10 %, every row within ±25 %) needs the physics the misses point to.
-MEDIAN_NOW = 0.067
+MEDIAN_NOW = 0.037
 
 
 def test_validation_set_is_sourced_and_apart_from_the_fitted_set() -> None:
@@ -51,7 +51,11 @@ def test_the_median_is_over_every_row_and_does_not_grow() -> None:
     summary = summarise()
     assert summary.median_abs_error == statistics.median(abs(f.ratio() - 1.0) for f in VALIDATION)
     assert summary.median_abs_error <= MEDIAN_NOW, f"median |error| {summary.median_abs_error:.1%}"
-    assert {f.name for f, _ in summary.known_misses} <= {f.name for f, _ in summary.outside_band}
+    # Every row labelled a miss when recorded is listed, as a miss still or as one the model now meets.
+    labelled = sorted(id(f) for f in VALIDATION if f.known_miss is not None)
+    assert sorted(id(f) for f, _ in summary.known_misses + summary.recovered) == labelled
+    assert all(abs(e) > GOAL_BAND for _, e in summary.known_misses)
+    assert all(abs(e) <= GOAL_BAND for _, e in summary.recovered)
 
 
 @pytest.mark.parametrize("fact", [f for f in FITTED if f.moved is None], ids=lambda f: f"{f.category}:{f.name}")

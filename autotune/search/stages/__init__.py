@@ -46,7 +46,14 @@ from autotune.search.stages.context import (
     slo_first_stored,
 )
 from autotune.search.stages.graphs import cuda_graph, graph_sizes
-from autotune.search.stages.memory import MemoryProbe, memory_edge, memory_verdict, peak_workload, predict_memory_edge
+from autotune.search.stages.memory import (
+    MemoryProbe,
+    memory_edge,
+    memory_verdict,
+    peak_requests,
+    peak_workload,
+    predict_memory_edge,
+)
 from autotune.search.stages.scenario import (
     SCENARIOS,
     conservativeness_hint,
@@ -78,6 +85,7 @@ __all__ = [
     "measure_noise",
     "memory_edge",
     "memory_verdict",
+    "peak_requests",
     "peak_workload",
     "plain_search",
     "plan_budget",

@@ -79,6 +79,9 @@ class MemoryProbe:
 # probes that follow verify it under peak load and move it on the 0.02 grid.
 RUNTIME_MARGIN = 0.05  # of the card
 ACTIVATION_GROWTH = 0.5  # of the profiled activation peak
+# Rounds of a full KV pool a probe sends at most: the first fills the pool, the second joins as
+# the first finishes (prefill mixed with decode); a third would repeat them step for step.
+PROBE_ROUNDS = 2
 
 
 def predict_memory_edge(facts: Mapping[str, Any], low: float, high: float) -> float | None:
@@ -112,6 +115,29 @@ def predict_memory_edge(facts: Mapping[str, Any], low: float, high: float) -> fl
     return round(min(max(snapped, low), high), 4)
 
 
+def peak_requests(facts: Mapping[str, Any], fraction: float, request_tokens: int) -> int | None:
+    """At most how many peak-shape requests a probe at ``fraction`` needs: ``PROBE_ROUNDS`` times
+    what its KV pool could hold at once, were all the memory the fraction grants beyond the
+    weights KV (an upper bound: the pool is smaller by the activations, graphs and non-torch
+    memory, so the first round always fills it). ``request_tokens``: what each request keeps in
+    the pool (a shared prefix counted once). None when the start-up facts do not say.
+
+    Where one slot per request would queue hundreds behind a pool that holds a few (a 70B model
+    on two cards), the probe runs them one after another for hours of engine time and learns
+    nothing the first two rounds did not show."""
+    budget = facts.get("memory_budget")
+    try:
+        total, free = float(facts["mem_total_gib"]), float(facts["mem_free_gib"])
+        weights, per_token = float(facts["weights_gib"]), float(facts["kv_bytes_per_token"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    granted = fraction * (total if budget == "total" else free) if budget in ("total", "static") else None
+    if granted is None or per_token <= 0:
+        return None
+    held = max(0.0, granted - weights) * GIB / per_token / max(1, request_tokens)
+    return PROBE_ROUNDS * max(1, math.ceil(held))
+
+
 def memory_verdict(outcome: str, facts: Mapping[str, Any]) -> str:
     """What a memory-probe trial says of its fraction: ``ok``, ``too_high``, ``too_low`` or ``failed``."""
     if outcome in (Outcome.OK, Outcome.SLO_VIOLATION):
@@ -123,19 +149,20 @@ def memory_verdict(outcome: str, facts: Mapping[str, Any]) -> str:
     return "failed"  # crash/timeout: says nothing about memory; retried by the runner
 
 
-def peak_workload(workload: Workload, concurrency: int) -> Workload:
+def peak_workload(workload: Workload, concurrency: int, requests: int | None = None) -> Workload:
     """The workload's peak shape: every slot busy with the longest request, all at once, so the
     KV pool, the largest prefill batch and the activation peak are all exercised.
 
     One request per slot is enough. Requests of one length that start together also end
     together, so a second round would repeat the first step for step; and when the engine holds
     fewer at once than ``concurrency``, the ones it queues already join as others finish, mixing
-    prefill with decode within this one round."""
+    prefill with decode within this one round. ``requests`` caps that round where the engine
+    can hold only a few at once (:func:`peak_requests`)."""
     return workload.model_copy(
         update={
             "name": f"{workload.name}-peak",
             "dataset": workload.peak_dataset(),
-            "num_prompts": concurrency,
+            "num_prompts": min(concurrency, requests or concurrency),
             "warmup_requests": 0,
             "arrival": workload.arrival.model_copy(update={"concurrency": concurrency, "request_rate": math.inf}),
             "slos": {},
@@ -180,7 +207,7 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
         note += f"; the defaults' start-up memory predicts {predicted:.2f}, probing from there"
     run.progress.message(f"memory edge ({mode}): {note}")
     probe = MemoryProbe(start=start, high=high, mode=mode, back_off=predicted is None)
-    peak = peak_workload(run.job.workload, _peak_concurrency(run, fixed))
+    slots = _peak_concurrency(run, fixed)
     results = _probe_results(run)
     capped = ""
     while len(run.finished(Stage.MEMORY_EDGE)) < quota and not run.out_of_time():
@@ -192,6 +219,7 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
             if fraction > ceiling + 1e-9:
                 capped = f"; stopped below {fraction:.2f}: the host has {host.describe()} now"
                 break
+        peak = _probe_workload(run, slots, fraction)
         result = run.run(
             Stage.MEMORY_EDGE, explicit={**fixed, MEMORY: fraction}, workload=peak, extra={"probe": fraction}
         )
@@ -223,10 +251,28 @@ def memory_edge(run: StudyRun, quota: int, fixed: dict[str, Any], mode: str) -> 
 
 def _predicted_start(run: StudyRun, low: float, high: float) -> float | None:
     """Where to start probing: the edge the earliest served run's start-up memory predicts."""
-    for r in trial_records(run.trials()):
-        if r.served_its_workload:
-            return predict_memory_edge(r.facts, low, high)
-    return None
+    facts = _served_facts(run)
+    return None if facts is None else predict_memory_edge(facts, low, high)
+
+
+def _served_facts(run: StudyRun) -> Mapping[str, Any] | None:
+    """The start-up facts of the study's earliest served run (None before one served)."""
+    return next((r.facts for r in trial_records(run.trials()) if r.served_its_workload), None)
+
+
+def _probe_workload(run: StudyRun, slots: int, fraction: float) -> Workload:
+    """The peak shape a probe at ``fraction`` runs: one request per slot, or two rounds of the
+    most its KV pool can hold when that is fewer (said when it is)."""
+    workload = run.job.workload
+    facts = _served_facts(run)
+    distinct = workload.longest_request_tokens - workload.dataset.prefix_len  # the prefix is held once
+    cap = None if facts is None else peak_requests(facts, fraction, distinct)
+    if cap is not None and cap < slots:
+        run.progress.message(
+            f"memory probe at {fraction:.2f}: {cap} peak-shape requests, {PROBE_ROUNDS} rounds of the most its "
+            f"KV pool can hold, not one per slot ({slots})"
+        )
+    return peak_workload(workload, slots, cap)
 
 
 def _cpu_semantics(run: StudyRun) -> tuple[float, float, str]:
