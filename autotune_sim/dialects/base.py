@@ -22,14 +22,15 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from autotune_sim.clock import ModelClock
 from autotune_sim.engine import Engine, EngineObserver
 from autotune_sim.http import Handler, Request, Responder, serve
 from autotune_sim.kvcache import BlockPool
-from autotune_sim.memory import Footprint
+from autotune_sim.memory import Footprint, footprint
 from autotune_sim.perf import PerfModel
+from autotune_sim.presets import GpuPreset, ModelPreset
 from autotune_sim.scheduler import Scheduler
 from autotune_sim.settings import SimSettings
 from autotune_sim.stats import EngineStats
@@ -91,6 +92,25 @@ def expand_config(argv: list[str], *, negate: bool) -> list[str]:
                 extra += [flag, str(value)]
         return extra + argv[:i] + argv[i + used :]
     return argv
+
+
+class EngineShape(Protocol):
+    """What a resolved engine configuration says about the model each rank holds."""
+
+    model: ModelPreset
+    tp: int
+    pp: int
+    dtype: str
+    kv_dtype: str
+    quantization: str | None
+
+
+def rank_footprint(c: EngineShape, gpu: GpuPreset) -> Footprint:
+    """What one rank of the engine ``c`` describes holds on ``gpu`` (its links decide the
+    communication buffers)."""
+    return footprint(
+        c.model, tp=c.tp, pp=c.pp, dtype=c.dtype, kv_dtype=c.kv_dtype, quantization=c.quantization, p2p=gpu.p2p
+    )
 
 
 class LogWriter:

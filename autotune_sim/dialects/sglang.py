@@ -33,6 +33,7 @@ from autotune_sim.dialects.base import (
     gib,
     modelled_banner,
     new_pool,
+    rank_footprint,
     torch_oom,
     ts_sglang,
 )
@@ -46,7 +47,7 @@ from autotune_sim.dialects.sglang_weight_cache import (
 )
 from autotune_sim.engine import Engine, Fatal
 from autotune_sim.http import Request, Responder
-from autotune_sim.memory import CUDA_CONTEXT_GIB, GIB, SglangMemory, SglangMemoryPlan, footprint, plan_sglang
+from autotune_sim.memory import CUDA_CONTEXT_GIB, GIB, SglangMemory, SglangMemoryPlan, plan_sglang
 from autotune_sim.metrics import CONTENT_TYPE, Exposition
 from autotune_sim.openai import EngineGroup, OpenAIServer, ServingConfig
 from autotune_sim.perf import GraphMode, PerfModel
@@ -174,15 +175,7 @@ class SglangDialect(Dialect):
 
     def _plan(self) -> SglangMemoryPlan:
         c, s = self.cfg, self.settings
-        self.fp = footprint(
-            c.model,
-            tp=c.tp,
-            pp=c.pp,
-            dtype=c.dtype,
-            kv_dtype=c.kv_dtype,
-            quantization=c.quantization,
-            p2p=s.gpu.p2p,
-        )
+        self.fp = rank_footprint(c, s.gpu)
         wc = self.wc
         held = wc.daemon_bytes if wc is not None else 0.0
         return plan_sglang(

@@ -24,9 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune_sim.dialects.base import LogWriter, Runtime, expand_config, modelled_banner, ts_sglang
+from autotune_sim.dialects.base import LogWriter, Runtime, expand_config, modelled_banner, rank_footprint, ts_sglang
 from autotune_sim.dialects.sglang_args import RELEASES, SglangConfig, StartupError, build_parser, resolve
-from autotune_sim.memory import footprint
 from autotune_sim.presets import find_model
 from autotune_sim.settings import SimSettings
 from autotune_sim.weight_cache import (
@@ -103,7 +102,7 @@ class Daemons:
     async def load_and_serve(self, ranks: list[int], rt: Runtime) -> None:
         """Load every rank's shard from disk (one disk read in all), then bind and mark ready."""
         c = self.cfg
-        fp = footprint(c.model, tp=c.tp, pp=c.pp, dtype=c.dtype, kv_dtype=c.kv_dtype, quantization=c.quantization)
+        fp = rank_footprint(c, self.settings.gpu)
         for rank in ranks:
             self.line(f"[WeightCacheDaemon gpu={rank} tp_rank={rank % c.tp}] Loading model from disk: {c.model_path}")
         load_s = self.settings.weight_read_s(fp.weight_bytes * c.tp * c.pp)

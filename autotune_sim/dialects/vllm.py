@@ -34,6 +34,7 @@ from autotune_sim.dialects.base import (
     gib,
     modelled_banner,
     new_pool,
+    rank_footprint,
     torch_oom,
     ts_vllm,
 )
@@ -52,7 +53,6 @@ from autotune_sim.memory import (
     GIB,
     VllmMemory,
     VllmMemoryPlan,
-    footprint,
     plan_vllm,
     plan_vllm_cpu,
 )
@@ -207,15 +207,7 @@ class VllmDialect(Dialect):
 
     def _plan(self) -> VllmMemoryPlan:
         c, s = self.cfg, self.settings
-        self.fp = footprint(
-            c.model,
-            tp=c.tp,
-            pp=c.pp,
-            dtype=c.dtype,
-            kv_dtype=c.kv_dtype,
-            quantization=c.quantization,
-            p2p=s.gpu.p2p,
-        )
+        self.fp = rank_footprint(c, s.gpu)
         self.memory = VllmMemory(
             gpu=s.gpu,
             fp=self.fp,

@@ -17,11 +17,10 @@ import argparse
 import asyncio
 from typing import Any
 
-from autotune_sim.dialects.base import LogWriter, Router, Runtime, gib, modelled_banner, ts_vllm
+from autotune_sim.dialects.base import LogWriter, Router, Runtime, gib, modelled_banner, rank_footprint, ts_vllm
 from autotune_sim.dialects.vllm_args import ConfigFailure, build_parser, preprocess, resolve
 from autotune_sim.dialects.vllm_ipc import PROTOCOL, socket_dir, socket_path, weight_key
 from autotune_sim.http import Request, Responder
-from autotune_sim.memory import footprint
 from autotune_sim.settings import SimSettings
 from autotune_sim.weight_cache import DaemonServer, WeightStore, ask, tensor_count
 
@@ -111,9 +110,7 @@ class Preload:
         if ns.weight_cache_health_port is not None and not await self._health(ns):
             return 1
         self.rt.on_signals(self._stop)
-        fp = footprint(
-            cfg.model, tp=cfg.tp, pp=cfg.pp, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype, quantization=cfg.quantization
-        )
+        fp = rank_footprint(cfg, self.settings.gpu)
         ranks = cfg.tp * cfg.pp
         await self.rt.pause(self.settings.weight_read_s(fp.weight_bytes * ranks))
         directory = socket_dir({"socket_dir": ns.weight_cache_socket_dir})
