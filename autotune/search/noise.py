@@ -31,7 +31,7 @@ from autotune.outcomes import SERVED
 from autotune.search.novelty import config_key
 from autotune.search.record import trial_records
 
-__all__ = ["FLOOR", "StudyNoise", "runs_by_configuration", "study_noise"]
+__all__ = ["FLOOR", "StudyNoise", "expected_best_of", "runs_by_configuration", "study_noise"]
 
 # Two runs that agree closely by chance must not make every decision hair-trigger: the smallest
 # figure a decision is allowed to rest on. The only noise constant a decision uses.
@@ -86,6 +86,16 @@ def study_noise(trials: Iterable[FrozenTrial], metric: str) -> StudyNoise:
     if widest < FLOOR:
         return StudyNoise(FLOOR, f"the {FLOOR:.0%} floor; widest measured {widest:.1%}, {where}")
     return StudyNoise(widest, f"widest of {len(spreads)} measured: {where}")
+
+
+def expected_best_of(n: int) -> float:
+    """How far, in standard deviations, the best of ``n`` runs of equal promise lies above their
+    common mean (Blom's approximation of the largest of ``n`` normal draws: 0 for one run, 0.59
+    for 2, 1.16 for 5, 1.55 for 10, 1.87 for 20). The best single run of a search is the best of
+    many, and its luck grows with how many it was picked from."""
+    if n <= 1:
+        return 0.0
+    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
 def runs_by_configuration(trials: list[FrozenTrial], metric: str) -> dict[str, tuple[list[int], list[float]]]:

@@ -35,7 +35,7 @@ from autotune.runtime.cpuset import plan_partition
 from autotune.runtime.gpu import wait_pids_released
 from autotune.search.diagnosis import WHERE
 from autotune.search.job import TuneJob
-from autotune.search.noise import StudyNoise, runs_by_configuration, study_noise
+from autotune.search.noise import StudyNoise, expected_best_of, runs_by_configuration, study_noise
 from autotune.search.novelty import config_key, measured, unmeasured_point
 from autotune.search.progress import Progress
 from autotune.search.record import (
@@ -465,26 +465,18 @@ class StudyRun:
     def _incumbent(self) -> float | None:
         """What the best served configuration would score again, the value a search trial must
         beat to survive ``cannot_win``: the median of its runs when it was launched more than
-        once, else its one run taken down by the measured noise (the best of many single runs is
-        likely a lucky one)."""
+        once, else its one run taken down by the measured noise — by more the more single runs it
+        was the best of (``expected_best_of``), since the best of many is likely a lucky one."""
         best = best_trial(self.study)
         if best is None or (value := primary_value(best)) is None:
             return None
-        runs = self._runs_of(trial_record(best).flags or {})
+        groups = runs_by_configuration(self.trials(), self.job.workload.objective.metric)
+        runs = groups.get(config_key(trial_record(best).flags or {}), ([], []))[1]
         if len(runs) > 1:
             return statistics.median(runs)
-        noise = self.noise().margin
-        return (
-            value * (1 - noise)
-            if self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
-            else value * (1 + noise)
-        )
-
-    def _runs_of(self, flags: Mapping[str, Any]) -> list[float]:
-        """Every full served run of one configuration under the study's workload (its trials,
-        a baseline's noise runs, its validation rounds)."""
-        groups = runs_by_configuration(self.trials(), self.job.workload.objective.metric)
-        return groups.get(config_key(flags), ([], []))[1]
+        luck = min(0.9, self.noise().margin * max(1.0, expected_best_of(len(groups))))
+        maximize = self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+        return value * (1 - luck) if maximize else value * (1 + luck)
 
     def noise(self) -> StudyNoise:
         """The study's run-to-run noise on its objective (``search/noise.py``): the one figure

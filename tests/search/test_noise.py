@@ -8,7 +8,7 @@ from typing import Any
 
 import optuna
 import pytest
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 from simstudy import unlaunched_job
 
@@ -16,7 +16,7 @@ from autotune.bench.earlystop import CANNOT_WIN, EarlyStop, EarlyStopPolicy
 from autotune.bench.metrics import RequestRecord
 from autotune.config import Workload, parse_model
 from autotune.engines import get_adapter
-from autotune.search.noise import FLOOR, study_noise
+from autotune.search.noise import FLOOR, expected_best_of, study_noise
 from autotune.search.progress import NullProgress
 from autotune.search.runner import StudyRun
 from autotune.search.storage import open_study
@@ -43,7 +43,8 @@ def _trial(
 ) -> None:
     """A stored trial of ``max_running`` (None: the engine's defaults) that served ``value``."""
     params = {} if max_running is None else {"max_running": max_running}
-    distributions = {} if max_running is None else {"max_running": CategoricalDistribution([16, 32, 64])}
+    # Any batch size: a test may store more configurations than the space lists.
+    distributions = {} if max_running is None else {"max_running": IntDistribution(1, 1024)}
     run.study.add_trial(
         optuna.trial.create_trial(
             state=state,
@@ -124,6 +125,20 @@ def test_an_incumbent_with_one_run_is_taken_down_by_the_noise(tmp_path: Path) ->
     _trial(run, None, 90.0, stage="noise")
     _trial(run, 32, 130.0)  # the best so far, from one run
     assert run._incumbent() == pytest.approx(130.0 * (1 - 10 / 95))
+
+
+def test_the_best_of_many_single_runs_is_taken_down_by_more(tmp_path: Path) -> None:
+    """The best of ten configurations measured once each is likely the luckiest of ten draws:
+    its run is taken down by the noise times how far the best of ten lies above their mean."""
+    run = _run(tmp_path)
+    _trial(run, None, 100.0, stage="baseline")
+    _trial(run, None, 90.0, stage="noise")
+    for i, value in enumerate([105.0, 98.0, 110.0, 101.0, 95.0, 103.0, 99.0, 97.0, 130.0]):
+        _trial(run, 16 + i, value)  # nine more configurations, one run each
+    noise = 10 / 95
+    assert expected_best_of(10) == pytest.approx(1.55, abs=0.01)
+    assert run._incumbent() == pytest.approx(130.0 * (1 - noise * expected_best_of(10)))
+    assert expected_best_of(1) == 0.0 and expected_best_of(2) < 1.0 < expected_best_of(5) < expected_best_of(20)
 
 
 def test_a_configuration_cut_once_may_run_again_in_full(tmp_path: Path) -> None:
