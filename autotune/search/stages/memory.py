@@ -264,6 +264,8 @@ def _probe_workload(run: StudyRun, slots: int, fraction: float) -> Workload:
     """The peak shape a probe at ``fraction`` runs: one request per slot, or two rounds of the
     most its KV pool can hold when that is fewer (said when it is)."""
     workload = run.job.workload
+    # The served run's KV bytes per token hold for the probe: both run the study's KV dtype (a
+    # searched one is the scenario stage's, after the edge).
     facts = _served_facts(run)
     distinct = workload.longest_request_tokens - workload.dataset.prefix_len  # the prefix is held once
     cap = None if facts is None else peak_requests(facts, fraction, distinct)
