@@ -419,6 +419,22 @@ def test_vllm_graph_stage_stops_when_every_eager_step_is_above_the_largest_size(
     assert "--cudagraph-metrics" not in graph_trials[0].user_attrs["argv"]
 
 
+def test_vllm_graph_stage_skips_a_size_below_every_eager_step(tmp_path: Path) -> None:
+    # At concurrency 4 every decode step fits a graph of 8; the steps without one carry a 40-token
+    # prompt. A captured size of 16 would put none of them in a graph, so the stage skips it and
+    # runs 64, which takes them all.
+    space = {"params": {"cuda_graph_max_bs": {"type": "categorical", "choices": [8, 16, 64]}}}
+    workload = {**WORKLOAD, "dataset": {"input_len": 40, "output_len": 512}, "arrival": {"concurrency": 4}}
+    job = _job(tmp_path, space, workload={**workload, "num_prompts": 32}, method="staged", trials=3, finalists=1,
+               validation_runs=1)  # fmt: skip
+    run_study(job)
+    study = load_study("t", job.storage_url)
+    graph_trials = [t for t in study.trials if t.user_attrs["stage"] == "cuda_graph"]
+    first = graph_trials[0].user_attrs["facts"]
+    assert 16 < first.get("eager_min_tokens", 0) <= 64, first.get("graph_steps")
+    assert [t.user_attrs["params"]["cuda_graph_max_bs"] for t in graph_trials] == [8, 64]
+
+
 class _Stopped(Exception):
     """The tuner stopped between two trials."""
 

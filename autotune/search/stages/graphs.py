@@ -52,9 +52,16 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float, move: Mapping
         return {}
     best: dict[str, Any] | None = None
     best_value = -math.inf
+    eager_from = 0  # the fewest tokens of a step seen without a graph: a smaller size adds none
     for i, size in enumerate(sizes):
         if run.out_of_time():
             break
+        if size < eager_from:
+            run.progress.message(
+                f"cuda graph max bs {size}: skipped — the steps without a graph had {eager_from:,} tokens or more "
+                "(vLLM's --cudagraph-metrics table), so capturing up to this size puts none of them in a graph"
+            )
+            continue
         choice = {**fixed, GRAPH: size}
         if MEMORY in fixed:
             choice[MEMORY] = round(fixed[MEMORY] - STEP * i, 4)
@@ -67,6 +74,8 @@ def cuda_graph(run: StudyRun, fixed: dict[str, Any], noise: float, move: Mapping
         run.progress.message(f"cuda graph max bs {size}{_captured_text(graphs)}: {verdict}")
         if keep:
             best, best_value = choice, value
+        if value > -math.inf:
+            eager_from = int(graphs.get("eager_min_tokens") or 0)
         evidence = _full_coverage(graphs, sizes[-1]) if value > -math.inf and size != sizes[-1] else None
         if evidence:
             run.progress.message(
