@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 import pytest
+from optuna.trial import FrozenTrial
 from simstudy import sim_engine, sim_job
 from tunerwait import wait_for_trials
 
@@ -393,17 +394,25 @@ def test_memory_edge_skips_where_vllm_cpu_kvcache_space_sets_the_pool(tmp_path: 
     assert study.trials[0].user_attrs["facts"]["kv_gib"] == 2.0  # "Explicitly set (2.00/16.00) GiB for KV cache"
 
 
+def _vllm_graph_study(
+    tmp_path: Path, sizes: list[int], *, input_len: int, trials: int
+) -> tuple[TuneJob, optuna.Study, list[FrozenTrial]]:
+    """A staged study of the simulated vLLM at concurrency 4 (every decode step fits a graph of
+    8) over the captured sizes ``sizes``: the job, the study and its graph-stage trials."""
+    space = {"params": {"cuda_graph_max_bs": {"type": "categorical", "choices": sizes}}}
+    workload = {**WORKLOAD, "dataset": {"input_len": input_len, "output_len": 512}, "arrival": {"concurrency": 4}}
+    job = _job(tmp_path, space, workload={**workload, "num_prompts": 32}, method="staged", trials=trials, finalists=1,
+               validation_runs=1)  # fmt: skip
+    run_study(job)
+    study = load_study("t", job.storage_url)
+    return job, study, [t for t in study.trials if t.user_attrs["stage"] == "cuda_graph"]
+
+
 def test_vllm_graph_stage_stops_when_every_eager_step_is_above_the_largest_size(tmp_path: Path) -> None:
     # At concurrency 4 every decode step fits a graph of 8; the steps that run without one carry a
     # 2,048-token prompt, more than the largest size (32) could ever capture: vLLM's
     # --cudagraph-metrics tables say so, and the stage stops after its first size.
-    space = {"params": {"cuda_graph_max_bs": {"type": "categorical", "choices": [8, 16, 32]}}}
-    workload = {**WORKLOAD, "dataset": {"input_len": 2048, "output_len": 512}, "arrival": {"concurrency": 4}}
-    job = _job(tmp_path, space, workload={**workload, "num_prompts": 32}, method="staged", trials=2, finalists=1,
-               validation_runs=1)  # fmt: skip
-    run_study(job)
-    study = load_study("t", job.storage_url)
-    graph_trials = [t for t in study.trials if t.user_attrs["stage"] == "cuda_graph"]
+    job, study, graph_trials = _vllm_graph_study(tmp_path, [8, 16, 32], input_len=2048, trials=2)
     assert [t.user_attrs["params"]["cuda_graph_max_bs"] for t in graph_trials] == [8]
     # The run stayed within the launches its first line promised for the staged split of --trials 2.
     most = re.search(r"at most (\d+) launches$", launch_plan(job))
@@ -423,13 +432,7 @@ def test_vllm_graph_stage_skips_a_size_below_every_eager_step(tmp_path: Path) ->
     # At concurrency 4 every decode step fits a graph of 8; the steps without one carry a 40-token
     # prompt. A captured size of 16 would put none of them in a graph, so the stage skips it and
     # runs 64, which takes them all.
-    space = {"params": {"cuda_graph_max_bs": {"type": "categorical", "choices": [8, 16, 64]}}}
-    workload = {**WORKLOAD, "dataset": {"input_len": 40, "output_len": 512}, "arrival": {"concurrency": 4}}
-    job = _job(tmp_path, space, workload={**workload, "num_prompts": 32}, method="staged", trials=3, finalists=1,
-               validation_runs=1)  # fmt: skip
-    run_study(job)
-    study = load_study("t", job.storage_url)
-    graph_trials = [t for t in study.trials if t.user_attrs["stage"] == "cuda_graph"]
+    _, _, graph_trials = _vllm_graph_study(tmp_path, [8, 16, 64], input_len=40, trials=3)
     first = graph_trials[0].user_attrs["facts"]
     assert 16 < first.get("eager_min_tokens", 0) <= 64, first.get("graph_steps")
     assert [t.user_attrs["params"]["cuda_graph_max_bs"] for t in graph_trials] == [8, 64]
