@@ -271,7 +271,7 @@ class _Worker:
         shared: bool,
         trial_runner: TrialRunner | None,
     ):
-        self.job, self.slots = job, slots
+        self.slots = slots
         worker = worker_id()
         self.gate = _Gate(study)
         # Several slots: each phase line names its trial, and each trial's resources come from its slot.

@@ -291,7 +291,7 @@ class StudyRun:
         if not self.admit(number):
             return f"trials of other workers had filled the {stage} quota"
         if new_only:
-            self.await_start_records(number)
+            await_start_records(self.study, number)
             earlier = measured(t for t in self.trials() if t.number < number).get(config_key(flags))
             if earlier is not None:
                 return f"trial {earlier}, asked just before, measures the same configuration"
@@ -304,9 +304,6 @@ class StudyRun:
         write_trial(trial, **attrs, outcome=WITHDRAWN, reason=reason)
         self.study.tell(trial, state=TrialState.FAIL)
         return reason
-
-    def await_start_records(self, number: int) -> None:
-        await_start_records(self.study, number)
 
     def flags(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The engine flags a trial with ``params`` runs with."""

@@ -131,10 +131,10 @@ def peak_requests(facts: Mapping[str, Any], fraction: float, request_tokens: int
         weights, per_token = float(facts["weights_gib"]), float(facts["kv_bytes_per_token"])
     except (KeyError, TypeError, ValueError):
         return None
-    granted = fraction * (total if budget == "total" else free) if budget in ("total", "static") else None
-    if granted is None or per_token <= 0:
+    of = {"total": total, "static": free}.get(str(budget))  # what the fraction is a share of
+    if of is None or per_token <= 0:
         return None
-    held = max(0.0, granted - weights) * GIB / per_token / max(1, request_tokens)
+    held = max(0.0, fraction * of - weights) * GIB / per_token / max(1, request_tokens)
     return PROBE_ROUNDS * max(1, math.ceil(held))
 
 
