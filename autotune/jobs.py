@@ -4,16 +4,19 @@ included), the search space and workload files, and the study's settings."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.catalog import DEFAULT_SPACE, resolve_file
 from autotune.config import EngineSettings, SearchSpace, StudySettings, Workload, load_yaml, parse_model
-from autotune.engines import ADAPTERS
+from autotune.engines import ADAPTERS, EngineAdapter, engines_named, get_adapter
+from autotune.engines.drift import installed
 from autotune.errors import ConfigError
 from autotune.options import (
     check_space_values,
@@ -24,11 +27,27 @@ from autotune.options import (
     parse_parallel,
     typed_fixed,
 )
+from autotune.report.exported import read_exported
+from autotune.report.launch import chosen_trial, engine_config
 from autotune.report.simband import report_sentence
 from autotune.search.job import TuneJob
+from autotune.search.recheck import TunedLaunch, from_study
+from autotune.search.space import for_release
+from autotune.search.studies import open_named
 from autotune.search.tune import join_job, scaled_startup_timeout
 
-__all__ = ["SIM_DEFAULT_MODEL", "EngineOptions", "engine_choice", "infer_engine", "joined_job", "tune_job"]
+__all__ = [
+    "SIM_DEFAULT_MODEL",
+    "SIM_OWN_ENV",
+    "EngineOptions",
+    "engine_choice",
+    "infer_engine",
+    "joined_job",
+    "recheck_engine",
+    "recheck_source",
+    "release_space",
+    "tune_job",
+]
 
 SIM_DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIM_CACHE_ROOT = Path.home() / ".cache" / "autotune" / "sim-vllm"
@@ -74,6 +93,7 @@ def tune_job(
     space_model = load_yaml(space_path, SearchSpace)
     check_space_values(kind, space_model, str(space_path))
     settings = engine_settings(engine, options, typed_fixed(kind, fixed_raw, space_model), env)
+    space_model, left_out = release_space(space_model, get_adapter(settings))
     budget = study.get("time_budget_s")
     if isinstance(budget, str):
         study = {**study, "time_budget_s": parse_duration(budget, "--time-budget")}
@@ -85,7 +105,16 @@ def tune_job(
         workload=_with_client(load_yaml(resolve_file(workload, "workloads"), Workload), client),
         study=parse_model(StudySettings, study, "tune options"),
     )
-    return job, intro
+    return job, [*intro, *left_out]
+
+
+def release_space(space: SearchSpace, adapter: EngineAdapter) -> tuple[SearchSpace, list[str]]:
+    """The space without the knobs newer than the installed release (the adapter dates them),
+    and a line for each left out; the engine's help is read only when the space has such a knob."""
+    if not any(adapter.flag_for(name) in adapter.flags_since for name in space.params):
+        return space, []
+    known = adapter.discover_flags()
+    return for_release(space, adapter, replace(known, version=known.version or installed(adapter).version))
 
 
 def joined_job(name: str, storage: str, options: EngineOptions, study: dict[str, Any]) -> tuple[TuneJob, list[str]]:
@@ -106,14 +135,73 @@ def joined_job(name: str, storage: str, options: EngineOptions, study: dict[str,
     return job, [f"{SIM_INTRO} (the study's engine). {report_sentence()}"] if job.engine.simulated else []
 
 
+def recheck_source(
+    study: str | None,
+    options: EngineOptions,
+    *,
+    trial: int | None,
+    script: Path | None,
+    workload: str | None,
+    storage: str | None,
+    results: Path,
+) -> tuple[TunedLaunch, dict[str, Any]]:
+    """(the tuned launch to recheck, what the new release changes of its engine): a study's
+    trial (its validated best unless ``trial``), or an exported ``script`` measured on
+    ``workload`` with the ``--fixed`` flags both sides keep.
+
+    Raises:
+        ConfigError: A script without --workload, a study beside --script, or no new engine.
+    """
+    if script is None:
+        source = open_named(study, storage, results)
+        return from_study(source, chosen_trial(source, trial)), recheck_engine(engine_config(source), options)
+    if study is not None or trial is not None:
+        raise ConfigError("--script rechecks an exported launch: drop the study name and --trial (or drop --script)")
+    if workload is None:
+        raise ConfigError("--script needs --workload: an exported launch does not say what it was tuned for")
+    launch = read_exported(script)
+    space = load_yaml(resolve_file(DEFAULT_SPACE[launch.kind], "search_spaces"), SearchSpace)
+    return (
+        TunedLaunch(
+            origin=re.sub(r"[^A-Za-z0-9._-]", "-", script.name.split(".")[0]).lstrip("-._") or "launch",
+            trial=None,
+            flags=launch.flags,
+            env=launch.env,
+            fixed=typed_fixed(launch.kind, parse_pairs(options.fixed, "--fixed"), space),
+            engine={"kind": launch.kind, "model": launch.model},
+            workload=load_yaml(resolve_file(workload, "workloads"), Workload),
+            space=space.name,
+        ),
+        recheck_engine({"kind": launch.kind}, options),
+    )
+
+
+def recheck_engine(stored: Mapping[str, Any], options: EngineOptions) -> dict[str, Any]:
+    """What a recheck changes of a study's stored engine: the new release's Python or command
+    (a simulated study runs this tuner's simulator, the release chosen by its environment), and
+    the environment given on the command line.
+
+    Raises:
+        ConfigError: A real engine's study without --python or --command.
+    """
+    env = parse_env(options.env)
+    if stored.get("simulated"):
+        return {"command": _sim_command(str(stored["kind"])), "env": env}
+    if not options.python and not options.command:
+        raise ConfigError("--python (or --command) is required: the new release's engine to recheck the study on")
+    command = shlex.split(options.command) if options.command else None
+    return {"python": options.python, "command": command, "env": env}
+
+
 def _sim_env(options: EngineOptions) -> dict[str, str]:
     """The simulator's GPU and clock, and its compile cache apart from a real vLLM's (it keeps
     marker files where vLLM keeps compiled graphs: ``~/.cache/vllm`` stays the real engine's)."""
-    return {
-        "AUTOTUNE_SIM_GPU": options.sim_gpu,
-        "AUTOTUNE_SIM_SPEEDUP": str(options.sim_speedup),
-        "VLLM_CACHE_ROOT": str(SIM_CACHE_ROOT),
-    }
+    values = (options.sim_gpu, str(options.sim_speedup), str(SIM_CACHE_ROOT))
+    return dict(zip(SIM_OWN_ENV, values, strict=True))
+
+
+#: The variables the simulator's options set (``--sim-gpu``, ``--sim-speedup``, its cache).
+SIM_OWN_ENV = ("AUTOTUNE_SIM_GPU", "AUTOTUNE_SIM_SPEEDUP", "VLLM_CACHE_ROOT")
 
 
 def _sim_command(dialect: str) -> list[str]:
@@ -130,18 +218,6 @@ def _with_client(workload: Workload, client: str | None) -> Workload:
 _ENGINES = ("vllm", "sglang")
 
 _PROBE = "import importlib.util as u; print(' '.join(m for m in ('vllm', 'sglang') if u.find_spec(m)))"
-
-
-def _engines_in_command(words: list[str]) -> set[str]:
-    """Engines a launch command names: its program (``vllm serve``) or its module (``-m sglang...``)."""
-    found = set()
-    for i, word in enumerate(words):
-        name = Path(word).name
-        if name in _ENGINES:
-            found.add(name)
-        if i and words[i - 1] == "-m" and word.split(".")[0] in _ENGINES:
-            found.add(word.split(".")[0])
-    return found
 
 
 def _engines_importable(python: str, option: str) -> set[str]:
@@ -170,7 +246,7 @@ def infer_engine(python: str | None, command: str | None) -> str:
     """
     if command:
         words = shlex.split(command)
-        named = _engines_in_command(words)
+        named = engines_named(words)
         if len(named) == 1:
             return named.pop()
         if len(named) == 2:

@@ -15,13 +15,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 import yaml
+from clirun import run_cli
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -31,7 +31,6 @@ from autotune.report import status as status_module
 from autotune.report.summary import format_value
 from autotune.search.storage import best_trial, default_storage_url, load_study
 
-AUTOTUNE = str(Path(sys.executable).parent / "autotune")
 # Small and quick on the simulator; a TTFT bound far above any run's keeps a busy test machine
 # from flagging runs as client-limited (the tolerance is a tenth of the tightest TTFT bound).
 QUICK = """name: quick
@@ -52,12 +51,7 @@ ENV = {"NCCL_DEBUG": "off", "UMASK": "0755", "X": "@f", "HF_TOKEN_FILE": "..."}
 pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("cli-study")]
 
 
-def run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [AUTOTUNE, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "80"}
-    )
-    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-    return proc
+run = run_cli
 
 
 def tune_args(results: Path, study: str = "s", *extra: str) -> list[str]:

@@ -81,4 +81,5 @@ def test_trial_and_study_attributes_are_read_only_through_the_record() -> None:
 
 def test_the_command_line_stays_thin() -> None:
     # Commands parse, build a job, call one library function and print; the work lives in the library.
-    assert len((PKG / "cli.py").read_text().splitlines()) < 400
+    # Ten commands, most of the lines their options (400 held nine).
+    assert len((PKG / "cli.py").read_text().splitlines()) < 430

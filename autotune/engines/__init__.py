@@ -11,7 +11,7 @@ from autotune.engines.sglang import SglangAdapter
 from autotune.engines.vllm import VllmAdapter
 from autotune.errors import ConfigError
 
-__all__ = ["ADAPTERS", "EngineAdapter", "SglangAdapter", "VllmAdapter", "get_adapter"]
+__all__ = ["ADAPTERS", "EngineAdapter", "SglangAdapter", "VllmAdapter", "engines_named", "get_adapter"]
 
 #: engine kind → adapter class. A new dialect registers here under its ``kind``.
 ADAPTERS: dict[str, type[EngineAdapter]] = {
@@ -33,3 +33,15 @@ def get_adapter(settings: EngineSettings) -> EngineAdapter:
             f"engine.kind {settings.kind!r} is not supported; use one of: {', '.join(sorted(ADAPTERS))}"
         ) from None
     return adapter_cls(settings)
+
+
+def engines_named(words: list[str]) -> set[str]:
+    """Engines a launch command names: its program (``vllm serve``) or its module (``-m sglang...``)."""
+    found = set()
+    for i, word in enumerate(words):
+        name = word.rsplit("/", 1)[-1]
+        if name in ADAPTERS:
+            found.add(name)
+        if i and words[i - 1] == "-m" and word.split(".")[0] in ADAPTERS:
+            found.add(word.split(".")[0])
+    return found

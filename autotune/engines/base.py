@@ -31,12 +31,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from autotune.config import EngineSettings
 from autotune.engines.helpcache import HelpCache
 from autotune.errors import InvalidFlags
 from autotune.outcomes import Outcome
+
+if TYPE_CHECKING:  # drift.py builds on this module's FlagSet
+    from autotune.engines.drift import EnvChange, FlagChange
 
 __all__ = [
     "STARTUP_FATAL",
@@ -50,6 +53,7 @@ __all__ = [
     "WeightDaemon",
     "canonical_flag",
     "counter_delta",
+    "deprecation_notes",
     "flag_words",
     "flags_text",
     "metric_max",
@@ -223,6 +227,8 @@ class FlagSet:
 
     flags: frozenset[str]
     version: str | None = None
+    #: flag → the sentence of its help that says it is deprecated (:func:`deprecation_notes`)
+    deprecated: Mapping[str, str] = field(default_factory=dict)
 
     def __contains__(self, flag: object) -> bool:
         return flag in self.flags
@@ -300,6 +306,55 @@ def _declared_options(declaration: str) -> list[str]:
         if _OPTION.fullmatch(tokens[0]) and (len(tokens) == 1 or _METAVAR_START.match(tokens[1])):
             options.append(tokens[0])
     return options
+
+
+_OWN_DEPRECATION = re.compile(r"^\(?\[?deprecated\b", re.IGNORECASE)
+# "... as given. Deprecated with model runner V2, which ..." (vLLM 0.34): a sentence of its own.
+_DEPRECATED_SENTENCE = re.compile(r"(?<=[.:)]\s)\(?\[?Deprecated\b")
+
+
+def deprecation_notes(help_text: str) -> dict[str, str]:
+    """flag → the sentence of its help that says it is deprecated.
+
+    A flag counts as deprecated when its help starts so ("Deprecated. Use …", "(Deprecated, use
+    …)"), names the flag itself as deprecated ("--log-config-file is deprecated …"), or has a
+    sentence of its own that starts so ("… as given. Deprecated with model runner V2"); prose
+    about something else that is deprecated does not count.
+    """
+    notes: dict[str, str] = {}
+    for flags, prose in _help_entries(help_text):
+        text = " ".join(prose.split())
+        for flag in flags:
+            if _OWN_DEPRECATION.match(text) or re.search(rf"{re.escape(flag)} is deprecated", text):
+                notes[flag] = _first_sentences(text)
+            elif later := _DEPRECATED_SENTENCE.search(text):
+                notes[flag] = _first_sentences(text[later.start() :])
+    return notes
+
+
+def _help_entries(help_text: str) -> list[tuple[list[str], str]]:
+    """(long options, help prose) of each option the help details."""
+    entries: list[tuple[list[str], str]] = []
+    for line in help_text.splitlines():
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        if stripped.startswith("-") and indent <= _MAX_DECLARATION_INDENT:
+            declaration, _, prose = stripped.partition("  ")
+            flags = re.findall(r"--[a-z0-9][a-z0-9-]*", declaration)
+            entries.append((flags, prose))
+        elif entries and stripped and indent > _MAX_DECLARATION_INDENT:
+            flags, prose = entries[-1]
+            entries[-1] = (flags, f"{prose} {stripped}")
+        elif not stripped or indent <= _MAX_DECLARATION_INDENT:
+            entries.append(([], ""))  # a group header or a blank line ends the option's prose
+    return [(flags, prose.strip()) for flags, prose in entries if flags]
+
+
+def _first_sentences(text: str, limit: int = 200) -> str:
+    """The prose up to its second sentence, at most ``limit`` characters."""
+    cut = re.split(r"(?<=[.)])\s+(?=[A-Z(])", text)
+    kept = " ".join(cut[:2])
+    return kept if len(kept) <= limit else kept[: limit - 1] + "…"
 
 
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -404,6 +459,7 @@ class EngineAdapter(ABC):
     """Base of every dialect. Subclasses set the class attributes and the abstract methods."""
 
     name: ClassVar[str]
+    title: ClassVar[str]  # as the engine spells itself: vLLM, SGLang
     default_module: ClassVar[str]  # run as `<python> -m <module>` when no command is configured
     #: portable knob → this dialect's flag (a knob missing here is not tunable on this engine)
     knobs: ClassVar[Mapping[str, str]]
@@ -421,6 +477,17 @@ class EngineAdapter(ABC):
     container_command: ClassVar[tuple[str, ...]] = ()
     #: every spelling the engine accepts of the parallel sizes whose product is its GPU count
     parallel_flags: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    #: the engine's Python package (its release and sources are read from it, never imported)
+    package: ClassVar[str]
+    #: flags renamed or deprecated by a release, and variables a release stopped reading (drift.py)
+    flag_changes: ClassVar[tuple[FlagChange, ...]] = ()
+    env_changes: ClassVar[tuple[EnvChange, ...]] = ()
+    #: the prefixes of the engine's own environment variables
+    env_prefixes: ClassVar[tuple[str, ...]] = ()
+    #: what every launch's environment gets from the tuner (the user's ``engine.env`` wins)
+    launch_env: ClassVar[Mapping[str, str]] = {}
+    #: flags newer than the oldest release the adapter speaks: flag → the first release with it
+    flags_since: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, settings: EngineSettings):
         self.settings = settings
@@ -494,7 +561,9 @@ class EngineAdapter(ABC):
                 text = self._run_help(argv, timeout_s)
                 if cache:
                     cache.write(text)
-            self._flagset = FlagSet(flags=parse_help_flags(text), version=self.version_from_help(text))
+            self._flagset = FlagSet(
+                flags=parse_help_flags(text), version=self.version_from_help(text), deprecated=deprecation_notes(text)
+            )
         return self._flagset
 
     def _run_help(self, argv: list[str], timeout_s: float) -> str:
@@ -550,6 +619,15 @@ class EngineAdapter(ABC):
                     f"knob {key!r} has no {self.name} flag; portable knobs: {', '.join(sorted(self.knobs))}"
                 )
         return out
+
+    def flag_for(self, name: str) -> str:
+        """The flag a space parameter sets, read without the installed help: a knob's flag, a
+        JSON field's flag (``speculative_config.method`` → ``--speculative-config``), or the name."""
+        return self.knobs.get(name) or canonical_flag(name.split(".", 1)[0])
+
+    def offers(self, name: str, known: FlagSet) -> bool:
+        """Whether a release whose help gave ``known`` has the space parameter ``name``."""
+        return self.flag_for(name) in known
 
     def _is_engine_flag(self, word: str) -> bool:
         """A one-word raw flag such as ``dtype``: accepted when the installed engine has ``--dtype``

@@ -25,7 +25,6 @@ import logging
 import re
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -47,6 +46,7 @@ from autotune.engines.base import (
     samples_named,
     version_tuple,
 )
+from autotune.engines.drift import FlagChange
 from autotune.engines.rootcause import exception_event
 from autotune.errors import EngineError, InvalidFlags
 from autotune.outcomes import Outcome
@@ -102,31 +102,12 @@ _OWNED_FLAGS = {
 
 
 # ------------------------------------------------------------------------------- version drift
-@dataclass(frozen=True)
-class FlagChange:
-    """One SGLang flag that was renamed or deprecated, with the releases that did it (read from
-    each release's own parser: ``tests/engines/data/sglang-releases``).
-
-    Which case applies is decided from the installed ``--help`` alone, flag by flag: both
-    spellings listed is the deprecation window, only the new one means the old was removed.
-
-    Attributes:
-        old: The old spelling.
-        new: The flag that replaces it.
-        since: The first release with ``new`` (and with ``old`` deprecated).
-        removed_in: The first release without ``old`` (passing it is then an error), if any.
-        advice: How to write the replacement, when it is more than the new flag itself.
-        knob: The portable knob that spells the right flag on every version, if there is one.
-    """
-
-    old: str
-    new: str
-    since: str
-    removed_in: str | None = None
-    advice: str = ""
-    knob: str | None = None
-
-
+GRAPH_FLAGS_0_5_15 = (
+    "--cuda-graph-max-bs-decode",
+    "--cuda-graph-bs-decode",
+    "--cuda-graph-backend-decode",
+    "--cuda-graph-backend-prefill",
+)
 FLAG_CHANGES: tuple[FlagChange, ...] = (
     FlagChange("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "0.5.15", "0.5.20", knob="cuda_graph_max_bs"),
     FlagChange("--cuda-graph-bs", "--cuda-graph-bs-decode", "0.5.15", "0.5.20"),
@@ -136,6 +117,22 @@ FLAG_CHANGES: tuple[FlagChange, ...] = (
         "0.5.15",
         advice="--cuda-graph-backend-decode disabled and --cuda-graph-backend-prefill disabled",
         knob="enforce_eager",
+        replace={"--cuda-graph-backend-decode": "disabled", "--cuda-graph-backend-prefill": "disabled"},
+    ),
+    # 0.5.15's help: "Deprecated alias for --cuda-graph-backend-prefill=<backend>"; gone in 0.5.20.
+    *(
+        FlagChange(
+            old,
+            "--cuda-graph-backend-prefill",
+            "0.5.15",
+            "0.5.20",
+            advice=f"--cuda-graph-backend-prefill {backend}",
+            replace={"--cuda-graph-backend-prefill": backend},
+        )
+        for old, backend in (
+            ("--disable-piecewise-cuda-graph", "disabled"),
+            ("--enable-breakable-cuda-graph", "breakable"),
+        )
     ),
     FlagChange(
         "--enable-dp-attention",
@@ -539,6 +536,16 @@ class SglangAdapter(EngineAdapter):
     """
 
     name: ClassVar[str] = "sglang"
+    title: ClassVar[str] = "SGLang"
+    package: ClassVar[str] = "sglang"
+    flag_changes: ClassVar[tuple[FlagChange, ...]] = FLAG_CHANGES
+    env_prefixes: ClassVar[tuple[str, ...]] = ("SGLANG_", "SGL_")
+    launch_env: ClassVar[Mapping[str, str]] = LAUNCH_ENV
+    # Read from each release's help (tests/engines/data/sglang-releases): the per-phase graph flags
+    # arrived in 0.5.15, the attention-DP size in 0.5.22.
+    flags_since: ClassVar[Mapping[str, str]] = MappingProxyType(
+        dict.fromkeys(GRAPH_FLAGS_0_5_15, "0.5.15") | {"--attn-dp-size": "0.5.22"}
+    )
     default_module: ClassVar[str] = "sglang.launch_server"
     # argparse's prefix matching lets users write --tp / --dp; recorded flags are the full ones.
     parallel_flags: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
@@ -700,6 +707,11 @@ class SglangAdapter(EngineAdapter):
                     raise InvalidFlags(f"{origin[flag]!r} and {key!r} both set {flag}; keep one of them")
                 out[flag], origin[flag] = flag_value, key
         return out
+
+    def offers(self, name: str, known: FlagSet) -> bool:
+        """A portable knob is offered where every flag of one of its spellings is known."""
+        alternatives = self.knob_spellings.get(name, ((self.flag_for(name),),))
+        return any(all(flag in known for flag in flags) for flags in alternatives)
 
     def _knob_flags(self, knob: str, value: Any, known: FlagSet) -> dict[str, Any]:
         """The installed version's flag(s) for one knob, with the value in SGLang's sense."""

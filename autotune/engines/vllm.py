@@ -40,6 +40,7 @@ from autotune.engines.base import (
     samples_named,
     version_tuple,
 )
+from autotune.engines.drift import EnvChange, FlagChange
 from autotune.engines.rootcause import exception_event
 from autotune.errors import InvalidFlags
 from autotune.outcomes import Outcome
@@ -82,6 +83,21 @@ _OWNED_FLAGS = {
     "--port": "each trial gets a free port",
     "--model": "the model comes from engine.model",
 }
+
+# ------------------------------------------------------------------------------- version drift
+# Read from each release's own help and sources (tests/engines/data/vllm-*-help-all.txt); a flag a
+# release drops from its --help, or a variable no file of it names, is found without a row here:
+# a row says what replaces it.
+FLAG_CHANGES: tuple[FlagChange, ...] = (
+    # 0.31.0 renamed it without an alias (0.30.0's help has only the old, 0.31.0's only the new).
+    FlagChange(
+        "--enable-mamba-fine-grained-prefix-cache", "--enable-mamba-shared-prefix-checkpoint", "0.31.0", "0.31.0"
+    ),
+)
+ENV_CHANGES: tuple[EnvChange, ...] = (
+    # No file of vLLM 0.30.0-0.34.0 names it (it is ignored without a warning); the flag took over.
+    EnvChange("VLLM_ATTENTION_BACKEND", "--attention-backend"),
+)
 
 # ------------------------------------------------------------------------------------ log patterns
 _NUM = r"[\d,]+"
@@ -477,6 +493,12 @@ class VllmAdapter(EngineAdapter):
     """vLLM's OpenAI-compatible server (``vllm serve`` / ``vllm.entrypoints.openai.api_server``)."""
 
     name: ClassVar[str] = "vllm"
+    title: ClassVar[str] = "vLLM"
+    package: ClassVar[str] = "vllm"
+    flag_changes: ClassVar[tuple[FlagChange, ...]] = FLAG_CHANGES
+    env_changes: ClassVar[tuple[EnvChange, ...]] = ENV_CHANGES
+    env_prefixes: ClassVar[tuple[str, ...]] = ("VLLM_",)
+    launch_env: ClassVar[Mapping[str, str]] = LAUNCH_ENV
     default_module: ClassVar[str] = "vllm.entrypoints.openai.api_server"
     help_args: ClassVar[tuple[str, ...]] = ("--help=all",)
     health_path: ClassVar[str] = "/health"

@@ -3,7 +3,10 @@ SLOs and error budget, or the capacity search's answer and whether it is only a 
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -14,9 +17,29 @@ from autotune.bench.metrics import slo_violations
 from autotune.bench.result import BenchResult
 from autotune.bench.summary import capacity_rows, result_rows
 from autotune.config import Workload
+from autotune.errors import ConfigError
 from autotune.report.console import console, cut
 
 __all__ = ["bench_verdict", "capacity_line", "measure", "print_capacity", "print_result"]
+
+
+def api_key(variable: str | None) -> str | None:
+    """The server's API key from the environment variable ``--api-key-env`` names.
+
+    Raises:
+        ConfigError: The variable is named but not set.
+    """
+    if variable is None:
+        return None
+    if variable not in os.environ:
+        raise ConfigError(f"--api-key-env {variable}: that environment variable is not set")
+    return os.environ[variable]
+
+
+def write_result(data: dict[str, Any], output: Path) -> Path:
+    """The result's JSON (``vllm bench serve``'s keys) written to ``output``."""
+    output.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return output
 
 
 def measure(

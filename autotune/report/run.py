@@ -33,8 +33,11 @@ __all__ = ["print_closing", "print_memory_edge", "run_live"]
 T = TypeVar("T")
 
 
-def run_live(job: TuneJob, intro: list[str], body: Callable[[Progress], T]) -> tuple[optuna.Study, T, float]:
-    """(the study after ``body`` ran under the live display, what ``body`` returned, seconds).
+def run_live(
+    job: TuneJob, intro: list[str], body: Callable[[Progress], T], *, plan: str | None = None
+) -> tuple[optuna.Study, T, float]:
+    """(the study after ``body`` ran under the live display, what ``body`` returned, seconds);
+    ``plan`` says what the run will launch when it is not the tuning method.
 
     Raises:
         StudyError: A refused resume, naming which of engine, space and workload changed, and how.
@@ -45,7 +48,7 @@ def run_live(job: TuneJob, intro: list[str], body: Callable[[Progress], T]) -> t
             console,
             simulated=job.engine.simulated,
             intro=intro,
-            opening=opening_line(job),
+            opening=opening_line(job, plan),
             shown=shown_metrics(job.workload),
         )
         with live as progress:

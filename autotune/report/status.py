@@ -65,11 +65,11 @@ __all__ = [
 TUNING_EXCLUDED = (Stage.BASELINE, Stage.VALIDATION, Stage.CONTEXT)
 
 
-def opening_line(job: TuneJob) -> str:
-    """The run's first study line: what exists already and what will run — counted from the
-    storage, never assumed."""
+def opening_line(job: TuneJob, plan: str | None = None) -> str:
+    """The run's first study line: what exists already and what will run (``plan``: the tuning
+    method's launches by default) — counted from the storage, never assumed."""
     cfg = job.study
-    plan = launch_plan(job)
+    plan = plan or launch_plan(job)
     existing = existing_study(job.study.name, job.storage_url)
     trials = existing.get_trials(deepcopy=False) if existing is not None else []
     if not trials:

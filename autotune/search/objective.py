@@ -57,7 +57,16 @@ def _slo_terms(metrics: Mapping[str, float], workload: Workload) -> dict[str, fl
 def _constraint_names(workload: Workload) -> list[str]:
     names = [*sorted(workload.slos), "error_rate"]
     names += ["throughput_floor"] if workload.objective.throughput_floor is not None else []
+    names += ["startup"] if workload.max_startup_s is not None else []
     return names + (["quality"] if workload.quality_min_agreement is not None else [])
+
+
+def _startup_term(startup_s: float | None, workload: Workload) -> dict[str, float]:
+    """Time to ready within ``max_startup_s``, as relative slack like an SLO; not measured is a violation."""
+    bound = workload.max_startup_s
+    if bound is None:
+        return {}
+    return {"startup": FAILED_VIOLATION if startup_s is None else (startup_s - bound) / bound}
 
 
 def _quality_term(agreement: float | None, workload: Workload) -> dict[str, float]:
@@ -78,14 +87,21 @@ def _measured(metrics: Mapping[str, float], key: str, direction: str) -> float:
     return float(value)
 
 
-def score(outcome: Outcome, metrics: Mapping[str, float], workload: Workload, quality: float | None = None) -> Score:
+def score(
+    outcome: Outcome,
+    metrics: Mapping[str, float],
+    workload: Workload,
+    quality: float | None = None,
+    startup_s: float | None = None,
+) -> Score:
     """Value and constraints for a finished trial (served or flag-caused failure); ``quality`` is
-    the trial's agreement with the baseline's greedy answers (``quality_agreement``)."""
+    the trial's agreement with the baseline's greedy answers (``quality_agreement``), ``startup_s``
+    its engine's seconds from launch to ready."""
     objective = workload.objective
     if not outcome.served:
         worst = [_WORST[t.direction] for t in objective.terms]
         return Score(worst, dict.fromkeys(_constraint_names(workload), FAILED_VIOLATION), {"outcome": FAILED_VIOLATION})
-    terms = {**_slo_terms(metrics, workload), **_quality_term(quality, workload)}
+    terms = {**_slo_terms(metrics, workload), **_startup_term(startup_s, workload), **_quality_term(quality, workload)}
     values = [_measured(metrics, t.metric, t.direction) for t in objective.terms]
     return Score(values, terms, {k: v for k, v in terms.items() if v > 0})
 

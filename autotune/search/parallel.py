@@ -47,7 +47,7 @@ from autotune.search.objective import rate_bound_note
 from autotune.search.progress import Progress
 from autotune.search.runner import Placement, StudyRun, Withdrawn, await_start_records, worker_id
 from autotune.search.stage import Stage
-from autotune.search.stages import Task, run_method
+from autotune.search.stages import Dispatch, Task, run_method
 from autotune.search.storage import superseded
 from autotune.search.trial import TrialRunner
 from autotune.search.weightcache import WeightCache
@@ -398,9 +398,11 @@ def orchestrate(
     progress: Progress,
     *,
     trial_runner: TrialRunner | None = None,
+    method: Callable[[StudyRun, Dispatch], None] = run_method,
 ) -> None:
-    """Run ``job``'s method on every slot of this box, cooperating with any other worker of the
-    study; ``trial_runner`` runs one configuration (default: a real launch, ``run_trial``)."""
+    """Run ``job``'s method (``method``: the tuning method by default) on every slot of this box,
+    cooperating with any other worker of the study; ``trial_runner`` runs one configuration
+    (default: a real launch, ``run_trial``)."""
     slots = plan_slots(job, adapter)
     shared = not job.storage_url.startswith("sqlite")
     if shared:
@@ -414,7 +416,7 @@ def orchestrate(
         worker.progress.message(slots.note)
     try:
         with worker.coord, worker.weights:
-            run_method(worker.run, worker)
+            method(worker.run, worker)
     except BaseException:
         worker.abort()
         raise

@@ -14,8 +14,19 @@ from optuna.distributions import (
 )
 
 from autotune.config import BoolParam, CategoricalParam, FloatParam, IntParam, Param, SearchSpace
+from autotune.engines.base import EngineAdapter, FlagSet
 
-__all__ = ["FINITE_LIMIT", "active", "distribution", "draw", "finite_points", "fits", "suggest", "suggest_param"]
+__all__ = [
+    "FINITE_LIMIT",
+    "active",
+    "distribution",
+    "draw",
+    "finite_points",
+    "fits",
+    "for_release",
+    "suggest",
+    "suggest_param",
+]
 
 
 #: Points up to which a discrete space is listed point by point (beyond, it is sampled).
@@ -119,3 +130,28 @@ def finite_points(space: SearchSpace, limit: int = FINITE_LIMIT) -> list[dict[st
                 return None
         points = grown
     return points
+
+
+def for_release(space: SearchSpace, adapter: EngineAdapter, known: FlagSet) -> tuple[SearchSpace, list[str]]:
+    """The space as the installed release (its help gave ``known``) can run it, and a note for
+    each parameter left out.
+
+    A parameter is left out when the release has no spelling of it and its flag is one the
+    adapter dates (``flags_since``: a knob newer than the release), and so is every parameter
+    whose condition names one left out. Any other flag the help lacks stays, for the flag check
+    to refuse by name (a typo is not a release).
+    """
+    since, dropped = adapter.flags_since, {}
+    for name in space.params:
+        flag = adapter.flag_for(name)
+        if flag in since and not adapter.offers(name, known):
+            release = f"{adapter.title} {known.version}" if known.version else f"the installed {adapter.title}"
+            dropped[name] = f"{release} has no {flag} (it arrived in {since[flag]})"
+    for name, param in space.in_dependency_order():
+        if name not in dropped and (gone := next((c for c in param.condition or {} if c in dropped), None)):
+            dropped[name] = f"its condition names {gone}, which is left out"
+    if not dropped:
+        return space, []
+    kept = {name: param for name, param in space.params.items() if name not in dropped}
+    notes = [f"space {space.name or '(unnamed)'}: {name} left out: {why}" for name, why in dropped.items()]
+    return space.model_copy(update={"params": kept}), notes

@@ -216,6 +216,17 @@ def _explain(result: TrialResult, t: _Trial, err: AutotuneError) -> None:
         result.facts["in_flight"] = flight
 
 
+def _time_to_ready(t: _Trial) -> float | None:
+    """Seconds from launch to ready, as ``max_startup_s`` judges them: the wall clock a real
+    engine took, or for the simulator the modelled seconds its log gives (weights, then engine
+    init — or graph capture and compile where the dialect logs no init)."""
+    if not t.adapter.settings.simulated:
+        return t.timings.get("startup_s")
+    split = startup_split(t.events)
+    after_weights = split.get("init_s", split.get("capture_s", 0.0) + split.get("compile_s", 0.0))
+    return float(split.get("weights_s", 0.0)) + float(after_weights) if split else None
+
+
 def _median_metrics(runs: list[dict[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
     """Median of each numeric key over repeats, and its relative spread (max−min)/median."""
     keys = [k for k, v in runs[0].items() if isinstance(v, (int, float))]
@@ -656,7 +667,7 @@ def _run_once(spec: TrialSpec, adapter: EngineAdapter, workload: Workload, progr
         t.timings["teardown_s"] = time.monotonic() - d0
         result.metrics, result.spread = _median_metrics(runs)
         result.facts = facts if agreement is None else {**facts, "quality_agreement": agreement}
-        result.score = score(Outcome.OK, result.metrics, workload, quality=agreement)
+        result.score = score(Outcome.OK, result.metrics, workload, agreement, _time_to_ready(t))
         result.outcome = Outcome.SLO_VIOLATION if result.score.violations else Outcome.OK
         if (t.early_stop or {}).get("reason") == SLO_LOST:
             result.outcome = Outcome.SLO_VIOLATION  # the bound proved the full run would miss it

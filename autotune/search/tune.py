@@ -12,7 +12,7 @@ import json
 import logging
 import socket
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from autotune.search.storage import (
 )
 from autotune.search.studylock import study_lock
 
-__all__ = ["TuneJob", "check_job", "join_job", "make_sampler", "run_study"]
+__all__ = ["TuneJob", "check_job", "join_job", "make_sampler", "run_study", "study_session"]
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,16 @@ def run_study(job: TuneJob, progress: Progress | None = None) -> FrozenTrial | N
     progress = progress or NullProgress()
     adapter = get_adapter(job.engine)
     check_job(job, adapter)
+    with study_session(job, adapter, progress) as study:
+        orchestrate(job, adapter, study, progress)
+        return best_trial(study)
+
+
+@contextlib.contextmanager
+def study_session(job: TuneJob, adapter: EngineAdapter, progress: Progress) -> Iterator[optuna.Study]:
+    """The job's study, created or resumed (a killed run's trials failed, its engines reaped),
+    held for this run: a local study has one run at a time, and its manifest is written before
+    and after."""
     study = open_study(
         job.study.name,
         job.storage_url,
@@ -199,20 +209,15 @@ def run_study(job: TuneJob, progress: Progress | None = None) -> FrozenTrial | N
         heartbeat_s=job.study.heartbeat_s,
     )
     job.dir.mkdir(parents=True, exist_ok=True)
-    # A local study has one run at a time; on a shared storage workers join by design (and a
-    # dead one's trials are retried by heartbeat, not reaped).
+    # On a shared storage workers join by design (and a dead one's trials are retried by
+    # heartbeat, not reaped).
     local = job.storage_url.startswith("sqlite")
     with study_lock(job.dir, job.study.name) if local else contextlib.nullcontext():
         _resume(study, job, progress)
         engine = {"name": adapter.name, "simulated": job.engine.simulated}
         write_manifest(job.dir, study, engine, job.config())
         try:
-            return _run_method(job, adapter, study, progress)
+            yield study
         finally:
             with contextlib.suppress(Exception):  # the run's own error (or Ctrl-C) is the one to report
                 write_manifest(job.dir, study, engine, job.config())
-
-
-def _run_method(job: TuneJob, adapter: EngineAdapter, study: optuna.Study, progress: Progress) -> FrozenTrial | None:
-    orchestrate(job, adapter, study, progress)
-    return best_trial(study)

@@ -67,6 +67,16 @@ def test_multi_objective_values_and_throughput_floor() -> None:
     assert failed.values[0] == 0.0 and failed.values[1] > 1e9
 
 
+def test_a_start_slower_than_max_startup_s_is_infeasible() -> None:
+    wl = parse_model(Workload, {"max_startup_s": 60}, "t")
+    served = {"output_throughput": 900.0, "error_rate": 0.0}
+    quick, slow = score(Outcome.OK, served, wl, startup_s=45.0), score(Outcome.OK, served, wl, startup_s=90.0)
+    assert quick.constraints["startup"] == -0.25 and not quick.violations
+    assert slow.violations == {"startup": 0.5} and not is_feasible("slo_violation", slow.constraints)
+    assert score(Outcome.OK, served, wl).violations == {"startup": FAILED_VIOLATION}  # not measured: not met
+    assert "startup" not in score(Outcome.OK, served, WL, startup_s=900.0).constraints  # no bound: no term
+
+
 def test_throughput_at_a_set_rate_gets_a_note_and_closed_loops_do_not() -> None:
     paced = parse_model(Workload, {"name": "chat", "arrival": {"request_rate": 8}}, "w")
     note = rate_bound_note(paced)

@@ -23,7 +23,16 @@ from autotune.search.stages.common import Dispatch, Task
 from autotune.search.storage import best_trial, feasible_trials, primary_value
 from autotune.search.verdict import paired_gains, paired_verdict, slo_misses
 
-__all__ = ["DEFAULTS", "finalists", "validate", "validation_groups", "validation_runs"]
+__all__ = [
+    "DEFAULTS",
+    "finalists",
+    "round_task",
+    "store_paired_verdict",
+    "store_runs",
+    "validate",
+    "validation_groups",
+    "validation_runs",
+]
 
 
 def validate(run: StudyRun, dispatch: Dispatch) -> None:
@@ -35,13 +44,14 @@ def validate(run: StudyRun, dispatch: Dispatch) -> None:
     chosen = finalists(run, cfg.finalists)
     groups = validation_groups(run, chosen)
     for round_ in range(1, cfg.validation_runs + 1):
-        dispatch.fill([_round_task(run, key, params, round_) for key, params in groups])
+        dispatch.fill([round_task(run, key, params, round_) for key, params in groups])
         if run.out_of_time():
             break
     store_validation(run, chosen)
 
 
-def _round_task(run: StudyRun, key: int | str, params: Mapping[str, Any], quota: int) -> Task:
+def round_task(run: StudyRun, key: int | str, params: Mapping[str, Any], quota: int) -> Task:
+    """Validation runs of ``key`` (a finalist's number, or :data:`DEFAULTS`) up to ``quota``."""
     return Task(
         f"validation:{key}",
         lambda t: trial_record(t).stage == Stage.VALIDATION and trial_record(t).validates == key,
@@ -81,11 +91,16 @@ def store_validation(run: StudyRun, chosen: list[FrozenTrial]) -> None:
 
 
 def _store_finalist(run: StudyRun, finalist: FrozenTrial) -> None:
-    runs = validation_runs(run, finalist.number)
+    # The finalist's own run was feasible (that made it a finalist): its re-runs decide.
+    store_runs(run, finalist.number, [finalist, *validation_runs(run, finalist.number)])
+
+
+def store_runs(run: StudyRun, number: int, runs: list[FrozenTrial]) -> None:
+    """The median and spread of one configuration's ``runs``, stored as trial ``number``'s
+    validation: a run that missed the SLOs or failed counts as 0 and makes it unstable."""
     ok = [is_feasible(r.outcome, r.constraints) for r in trial_records(runs)]
-    values = [float(primary_value(finalist) or 0.0)]
-    values += [float(primary_value(t) or 0.0) if good else 0.0 for t, good in zip(runs, ok, strict=True)]
-    median = statistics.median(values)
+    values = [float(primary_value(t) or 0.0) if good else 0.0 for t, good in zip(runs, ok, strict=True)]
+    median = statistics.median(values) if values else 0.0
     record = {
         "values": values,
         "median": median,
@@ -93,7 +108,7 @@ def _store_finalist(run: StudyRun, finalist: FrozenTrial) -> None:
         # A finalist that fails any re-run is not a safe deployment: it cannot win.
         "stable": all(ok),
     }
-    set_validation(run.study, {**validation(run.study), finalist.number: record})
+    set_validation(run.study, {**validation(run.study), number: record})
 
 
 def _store_verdict(run: StudyRun, chosen: list[FrozenTrial], defaults_key: int | str) -> None:
@@ -101,11 +116,19 @@ def _store_verdict(run: StudyRun, chosen: list[FrozenTrial], defaults_key: int |
     best = best_trial(run.study)
     if best is None or not chosen:
         return
-    sign = 1.0 if run.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
     defaults, winner = validation_runs(run, defaults_key), validation_runs(run, best.number)
+    store_paired_verdict(run, best.number, defaults, winner, winner_is_defaults=not trial_record(best).params)
+
+
+def store_paired_verdict(
+    run: StudyRun, number: int, defaults: list[FrozenTrial], winner: list[FrozenTrial], *, winner_is_defaults: bool
+) -> dict[str, Any]:
+    """The verdict on trial ``number`` from the defaults' and its runs, round by round; stored."""
+    sign = 1.0 if run.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
     # Goodput already counts only the requests that met their bounds (bench/metrics.py).
     priced = run.job.workload.objective.metric == "request_goodput"
     pairs = paired_gains(defaults, winner, sign, priced=priced)
-    is_defaults = not trial_record(best).params
     misses = slo_misses(defaults, winner) if run.job.workload.slos else None
-    set_verdict(run.study, paired_verdict(best.number, pairs, winner_is_defaults=is_defaults, misses=misses))
+    said = paired_verdict(number, pairs, winner_is_defaults=winner_is_defaults, misses=misses)
+    set_verdict(run.study, said)
+    return said
