@@ -54,9 +54,13 @@ __all__ = ["TERM_GRACE_S", "main", "set_parent_death_signal"]
 #: tuner's death, inside the 5 s the fault matrix promises.
 TERM_GRACE_S = 2.0
 _ALIVE_POLL_S = 0.25  # how long one look at the tuner waits
-# While the tuner lives, the engine's /dev/shm and socket files are noted at 1, 2, 4 … 30 s
-# intervals: often during start-up, when they appear, and hardly at all once it serves.
+# While the tuner lives, the engine's /dev/shm and socket files are noted every second through
+# start-up, when they appear, then at doubling intervals up to 30 s once it serves. A file noted
+# late is lost: the leader dies of its parent-death signal with the tuner, before the last scan,
+# and its socket files (vLLM's ZMQ paths, made a few seconds into a ~30 s start) go out of sight
+# with it; at 1, 2, 4, 8, 16 s ticks a kill between 15 and 31 s into a start missed them.
 _FIRST_TICK_S = 1.0
+_STARTUP_TICKS_S = 180.0
 _MAX_TICK_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -93,18 +97,21 @@ def _open_pidfd(pid: int) -> int | None:
 
 
 def _wait_gone(pid: int, pidfd: int | None, start_time: str | None, tick: Callable[[], None]) -> None:
-    """Block until process ``pid`` (the tuner) has exited, calling ``tick`` now and then: at
-    :data:`_FIRST_TICK_S`, then at doubling intervals up to :data:`_MAX_TICK_S`."""
+    """Block until process ``pid`` (the tuner) has exited, calling ``tick`` now and then: every
+    :data:`_FIRST_TICK_S` for :data:`_STARTUP_TICKS_S`, then at doubling intervals up to
+    :data:`_MAX_TICK_S`."""
     poller = None
     if pidfd is not None:
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
+    started = time.monotonic()
     interval = _FIRST_TICK_S
-    next_tick = time.monotonic() + interval
+    next_tick = started + interval
     while not _gone(pid, poller, start_time):
-        if time.monotonic() >= next_tick:
+        if (now := time.monotonic()) >= next_tick:
             tick()
-            interval = min(2 * interval, _MAX_TICK_S)
+            if now - started >= _STARTUP_TICKS_S:
+                interval = min(2 * interval, _MAX_TICK_S)
             next_tick = time.monotonic() + interval
 
 

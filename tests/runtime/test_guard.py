@@ -9,6 +9,7 @@ group alive within 5 s of the tuner's death, without a resume"; the group is fou
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import signal
@@ -180,3 +181,24 @@ def test_parent_death_signal_is_armed_in_the_engine(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) == signal.SIGTERM
+
+
+def test_the_engines_files_are_noted_every_second_through_start_up_then_less_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The leader dies with the tuner and takes its socket files out of the last scan, so a file
+    # made between two notes is lost: through start-up a note every second, then doubling to 30 s.
+    clock = [0.0]
+    monkeypatch.setattr(guard.time, "monotonic", lambda: clock[0])
+    ticks: list[float] = []
+
+    def gone(pid: int, poller: object, start_time: object) -> bool:
+        clock[0] += 0.25  # one look at the tuner
+        return clock[0] > 400.0
+
+    monkeypatch.setattr(guard, "_gone", gone)
+    guard._wait_gone(1, None, None, lambda: ticks.append(clock[0]))
+    early = [t for t in ticks if t <= guard._STARTUP_TICKS_S]
+    assert len(early) == guard._STARTUP_TICKS_S and all(b - a == 1.0 for a, b in itertools.pairwise(early))
+    later = [round(b - a) for a, b in itertools.pairwise(ticks[len(early) - 1 :])]
+    assert later == [2, 4, 8, 16, 30, 30, 30, 30, 30, 30]
