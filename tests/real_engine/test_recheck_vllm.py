@@ -83,19 +83,21 @@ def test_a_study_tuned_on_0_31_rechecked_on_0_32(
         "tune", "--study", "old", "--python", previous_python, *engine,
         "--env", "VLLM_ENGINE_ITERATION_TIMEOUT_S=120",
         "--space", str(space), "--workload", str(workload), "--method", "search", "--trials", "1",
-        "--finalists", "0", "--noise-runs", "0", "--no-host-check", "--stable-within", "0", "--seed", "0",
+        "--finalists", "0", "--no-baseline", "--no-host-check", "--stable-within", "0", "--seed", "0",
     )  # fmt: skip
     assert tuned.returncode == 0, tuned.stdout[-3000:] + tuned.stderr[-3000:]
     old = load_study("old", default_storage_url(tmp_path / "results", "old"))
-    assert trial_record(old.trials[1]).facts.get("engine_version", "").startswith("0.31.0")
+    # No baseline: the study's one trial is its search trial (the defaults are measured on 0.32).
+    assert [trial_record(t).stage for t in old.trials] == ["search"]
+    assert trial_record(old.trials[0]).facts.get("engine_version", "").startswith("0.31.0")
 
-    proc = _autotune(tmp_path, "recheck", "old", "--trial", "1", "--python", vllm_python, "--rounds", "2")
+    proc = _autotune(tmp_path, "recheck", "old", "--trial", "0", "--python", vllm_python, "--rounds", "2")
     out = proc.stdout
     print(out)  # the README quotes a run of it
     assert "vLLM 0.32.0: " in out and "flags and variables unchanged" in out, out
     assert re.search(r"--disable-cascade-attn: deprecated in vLLM 0\.32\.0: --disable-cascade-attn is deprecated", out)
     assert "VLLM_ENGINE_ITERATION_TIMEOUT_S: no file of vLLM 0.32.0 reads it any more; left out" in out
-    name = "old-trial1-recheck-0.32.0"
+    name = "old-trial0-recheck-0.32.0"
     runs = [trial_record(t) for t in load_study(name, default_storage_url(tmp_path / "results", name)).trials]
     assert sorted(str(r.validates) for r in runs) == ["defaults", "defaults", "tuned", "tuned"]
     assert all(r.outcome == "ok" and r.facts.get("engine_version", "").startswith("0.32.0") for r in runs), runs
