@@ -160,7 +160,7 @@ _STATS = re.compile(
     r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
     r"Running: (\d+) reqs, Waiting: (\d+) reqs, \w+ KV cache usage: ([\d.]+)%"
 )
-# --cudagraph-metrics (vLLM 0.32+): a table of the interval's steps, one row per shape and mode,
+# --cudagraph-metrics (in vLLM 0.30-0.34 at least): a table of the interval's steps, one row per shape and mode,
 # "| unpadded | padded | paddings | NONE/PIECEWISE/FULL | count |", each line under the log prefix.
 _GRAPH_DISPATCH = re.compile(r"\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(NONE|PIECEWISE|FULL)\s*\|\s*(\d+)\s*\|")
 _CAPTURE_SIZES = re.compile(r"- Capture sizes: \[([\d, ]*)\]")
@@ -592,7 +592,7 @@ class VllmAdapter(EngineAdapter):
         return {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(MEASUREMENT_KEEP_ALIVE_S)}
 
     def measurement_flags(self) -> dict[str, Any]:
-        """``--cudagraph-metrics`` where the engine has it (0.32+) and captures graphs: its
+        """``--cudagraph-metrics`` where the engine has it (its --help says) and captures graphs: its
         per-interval step tables tell the graph stage which steps ran without a graph."""
         if self.runs_on_cpu() or GRAPH_METRICS_FLAG not in self.discover_flags():
             return {}
