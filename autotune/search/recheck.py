@@ -5,8 +5,8 @@ First the launch is checked against the new release without starting it (``engin
 flags renamed, deprecated or removed, variables no longer read) and translated. Then the
 translated flags and the new release's defaults run on fresh engines, round by round as
 validation runs them, in a study of their own (``<study>-trial<N>-recheck-<release>``, or
-``<script>-recheck-<release>``; resumable like any study), and the paired verdict says whether the tuned
-flags still beat the new defaults beyond the measured noise.
+``<script>-recheck-<release>``; resumable like any study), and the paired verdict says whether
+the tuned flags still beat the new defaults beyond the measured noise.
 
 Both sides keep what every trial of the tuned study had: its fixed flags (``engine.fixed_flags``
 and the space's ``fixed``, translated too) and its workload, SLOs and objective. A script carries
@@ -52,8 +52,8 @@ class TunedLaunch:
         fixed: The knobs both sides keep (the study's fixed flags, or ``--fixed`` for a script).
         engine: The engine settings as given (kind, model; the new release's Python replaces its own).
         workload: What the rounds measure.
-        study: Study settings as given (the tuned study's, or none).
         space: The search space a re-tune starts from.
+        study: Study settings as given (the tuned study's, or none).
     """
 
     origin: str
@@ -63,8 +63,8 @@ class TunedLaunch:
     fixed: dict[str, Any]
     engine: dict[str, Any]
     workload: Workload
+    space: str
     study: dict[str, Any] = field(default_factory=dict)
-    space: str = "vllm-default"
 
     @property
     def name(self) -> str:
@@ -110,8 +110,8 @@ def from_study(source: optuna.Study, trial: FrozenTrial) -> TunedLaunch:
         fixed={**engine.get("fixed_flags", {}), **space.fixed},
         engine=engine,
         workload=Workload.model_validate(as_given(Workload, config["workload"])),
-        study=as_given(StudySettings, config["study"]),
         space=space.name or "vllm-default",
+        study=as_given(StudySettings, config["study"]),
     )
 
 
