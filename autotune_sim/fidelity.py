@@ -89,7 +89,9 @@ class Fact:
         unit: Its unit.
         compute: The live model's number for the same setup.
         fitted_to: For a FITTED fact, the constant(s) fitted to it.
-        known_miss: Why this validation row is not expected to meet the goal (None if it is).
+        known_miss: Why this validation row is not expected to meet the goal (None if it is), as
+            labelled when the row was recorded: never edited.
+        later: What a later model change says of the row, beside its label.
         moved: For a row recorded as validation and later used in a fit (or a near-copy of a
             fitted fact: same source and setup, or the same quantity and profile), why it left
             the validation set; it stays in the fitted set for good (``validation_record.json``).
@@ -110,6 +112,8 @@ class Fact:
     fitted_to: str | None = None
     known_miss: str | None = None
     moved: str | None = None  # why a row left the validation set for good (used in a fit, or a near-copy)
+    # What a later model change says of a row: added beside its label, which stays as recorded.
+    later: str | None = None
 
     def modelled(self) -> float:
         return float(self.compute())
@@ -642,12 +646,15 @@ _RECORDED: tuple[Fact, ...] = (
         "TP 2 over PCIe (no NVLink)",
         0.25,
         "GiB",
-        _non_torch_gib(_R1_14B, tp=2, gpu="RTX-4090"),
+        _non_torch_gib(_R1_14B, tp=2),
         known_miss=(
-            "labelled when footprint() added NCCL buffers on any link: this PCIe pair of RTX 4090s logs 0.25 GiB "
-            "in all, as a GeForce driver turns peer-to-peer off (NCCL stages through host memory, no custom "
-            "all-reduce); the model now adds nothing without peer-to-peer (GpuPreset.p2p), and what is left is "
-            "the TP 1 constant (0.32 GiB, fitted on an H100) against 0.25 GiB here"
+            "the model's NCCL_GIB (0.7 GiB for any TP > 1) describes NVLink pairs; this PCIe pair of RTX 4090s "
+            "logs 0.25 GiB in all (no peer-to-peer, so likely no custom all-reduce buffers); footprint() does not"
+            " know the link"
+        ),
+        later=(
+            "computed on the H100 preset, as recorded; footprint() now adds NCCL buffers only where the GPU "
+            "has peer-to-peer (GpuPreset.p2p: an RTX 4090 has not), which this row's setup never asked of it"
         ),
     ),
     Fact(
@@ -700,7 +707,7 @@ _RECORDED: tuple[Fact, ...] = (
             model=_Q235, gpu="H100-80GB", util=0.9, batched=8192, seqs=1024, max_len=40960, tp=4, quantization="fp8"
         ),
         known_miss=(
-            "vLLM's profile of this FP8 MoE reserves ~3.5 GiB per rank more than the model's activations (fused-"
+            "vLLM's profile of this FP8 MoE reserves ~5.6 GiB per rank more than the model's activations (fused-"
             "MoE and FP8 block-quant workspaces are not modelled); the SGLang row for the same checkpoint and "
             "GPUs is within 4 %, so weights and KV bytes per token are right"
         ),
@@ -1015,10 +1022,10 @@ _RECORDED: tuple[Fact, ...] = (
         "GiB",
         _non_torch_gib(_LLAMA, tp=2),
         known_miss=(
-            "labelled when the model added 0.7 GiB for any TP > 1: vLLM 0.19 logs ~2.1 GiB per rank at TP 2 and 4 "
-            "on NVLink H100s; NCCL_GIB is now fitted to vllm#10511's TP 2 increment (another build), which this "
-            "row checks"
+            "vLLM 0.19 logs ~2.1 GiB of non-torch memory per rank at TP 2 and 4 on NVLink H100s (0.25 GiB at TP 1 in "
+            "the same sweep); the model adds one 0.7 GiB NCCL_GIB for any TP > 1, sized to an older build"
         ),
+        later="NCCL_GIB is now fitted to vllm#10511's TP 2 increment (another build, 1.79 GiB), which this row checks",
     ),
     Fact(
         "non-torch forward increase memory (GiB)",
@@ -1034,10 +1041,10 @@ _RECORDED: tuple[Fact, ...] = (
         "GiB",
         _non_torch_gib("llama-3.1-70b", tp=4),
         known_miss=(
-            "labelled when the model added 0.7 GiB for any TP > 1: vLLM 0.19 logs ~2.1 GiB per rank at TP 2 and 4 "
-            "on NVLink H100s; NCCL_GIB is now fitted to vllm#10511's TP 2 increment (another build), which this "
-            "row checks"
+            "vLLM 0.19 logs ~2.1 GiB of non-torch memory per rank at TP 2 and 4 on NVLink H100s (0.25 GiB at TP 1 in "
+            "the same sweep); the model adds one 0.7 GiB NCCL_GIB for any TP > 1, sized to an older build"
         ),
+        later="NCCL_GIB is now fitted to vllm#10511's TP 2 increment (another build, 1.79 GiB), which this row checks",
     ),
     Fact(
         "torch peak memory increase (GiB)",
