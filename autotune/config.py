@@ -882,6 +882,11 @@ class StudySettings(StrictModel):
         description="End a search trial's benchmark once it cannot matter: an SLO already lost, a throughput "
         "that cannot beat the best trial, or a dead engine.",
     )
+    twin: bool = Field(
+        default=True,
+        description="Predict each search trial's throughput, TTFT and TPOT before its engine starts, with the "
+        "simulator's step model fitted on the study's own runs, and record the error once measured.",
+    )
     heartbeat_s: int = Field(
         default=30,
         ge=1,

@@ -7,7 +7,9 @@ settings come only from ``AUTOTUNE_SIM_*`` environment variables (see ``settings
 launch line differs from the real engine's only in its command prefix.
 
 ``python -m autotune_sim error-bands`` prints the simulator's validated error per kind of number
-as JSON (``fidelity.error_band``) and exits; it starts no engine.
+as JSON (``fidelity.error_band``) and exits; it starts no engine. ``python -m autotune_sim twin``
+reads a study's runs and a candidate as JSON on standard input and prints the fitted step model's
+prediction for it (``twin.answer``); it starts no engine either.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from autotune_sim.settings import SettingsError, load_settings
 
 __all__ = ["main"]
 
-USAGE = "usage: python -m autotune_sim {vllm,sglang,sglang-weight-cache} [engine flags ...] | error-bands"
+USAGE = "usage: python -m autotune_sim {vllm,sglang,sglang-weight-cache} [engine flags ...] | error-bands | twin"
 DIALECTS = ("vllm", "sglang", "sglang-weight-cache")
 
 
@@ -30,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(bands_json())
         return 0
+    if args == ["twin"]:
+        return _twin()
     if not args or args[0] not in DIALECTS:
         print(USAGE, file=sys.stderr)
         return 2
@@ -50,3 +54,20 @@ def main(argv: list[str] | None = None) -> int:
     from autotune_sim.dialects.sglang import SglangDialect
 
     return SglangDialect(settings).main(args[1:])
+
+
+def _twin() -> int:
+    """``twin``: one JSON request on standard input, one JSON answer on standard output."""
+    import json
+
+    from autotune_sim.twin import TwinInputError, answer
+
+    try:
+        print(json.dumps(answer(json.loads(sys.stdin.read()))))
+    except json.JSONDecodeError as err:
+        print(f"autotune simulator twin: standard input is not JSON ({err})", file=sys.stderr)
+        return 2
+    except TwinInputError as err:
+        print(f"autotune simulator twin: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -99,7 +99,8 @@ def _headline(report: StudyReport) -> str:
     stopped = f'<p class="headline">Stopped early: {_e(report.stopped_line)}.</p>' if report.stopped_line else ""
     if report.search_stall:
         stopped += f'<p class="headline">Search ended early: {_e(report.search_stall)}.</p>'
-    return stopped + _winner_line(report) + f"<p>Decisions allowed for the {_e(report.noise_line)}.</p>"
+    twin = f"<p>{_e(report.twin_line[0].upper() + report.twin_line[1:])}.</p>" if report.twin_line else ""
+    return stopped + _winner_line(report) + f"<p>Decisions allowed for the {_e(report.noise_line)}.</p>" + twin
 
 
 def _winner_line(report: StudyReport) -> str:

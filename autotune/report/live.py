@@ -17,6 +17,7 @@ from autotune.report.console import cut
 from autotune.report.simband import modelled_note
 from autotune.report.status import metric_unit
 from autotune.report.summary import format_value
+from autotune.report.twin import prediction_text
 from autotune.search.stage import Stage
 
 __all__ = ["LiveProgress", "shown_metrics"]
@@ -75,6 +76,7 @@ class LiveProgress:
         self.bench = (0, 0, 0.0)
         self.best: dict[str, Any] | None = None
         self.outcomes: Counter[str] = Counter()
+        self.twin_errors: list[float] = []  # the twin's |error| on output tok/s, per measured trial
         self.live: Live | None = None
 
     # -- context: the live panel exists only on a terminal
@@ -175,7 +177,19 @@ class LiveProgress:
             f"trial {summary['number']} → {outcome}: {detail} "
             f"(start {t.get('startup_s', 0):.0f}s, bench {t.get('bench_s', 0):.0f}s, total {t.get('total_s', 0):.0f}s)"
         )
+        if twin := summary.get("twin"):
+            self._line(f"  {self._twin_text(twin)}")
         self._refresh()
+
+    def _twin_text(self, twin: dict[str, Any]) -> str:
+        """The twin's prediction for the trial just ended, and its running median error."""
+        text = prediction_text(twin)
+        if (error := (twin.get("error") or {}).get("output_throughput")) is not None:
+            self.twin_errors.append(abs(float(error)))
+            ranked = sorted(self.twin_errors)
+            median = (ranked[(len(ranked) - 1) // 2] + ranked[len(ranked) // 2]) / 2
+            text += f"; median |error| {100 * median:.1f} % over {len(ranked)} trial(s)"
+        return text
 
     def message(self, text: str) -> None:
         self._line(text)

@@ -54,6 +54,7 @@ def _winner(report: StudyReport) -> list[str]:
         change = " (no served baseline to compare with)"
     headline = f"`{report.objective}` **{format_number(report.winner_value)}** ({report.winner_runs_text}){change}."
     noise = [f"Decisions allowed for the {report.noise_line}.", ""]
+    noise += [f"{report.twin_line[0].upper()}{report.twin_line[1:]}.", ""] if report.twin_line else []
     return [f"## Winner: trial #{report.winner.number}", "", headline, "", *ended, *noise]
 
 

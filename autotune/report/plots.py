@@ -22,6 +22,7 @@ from plotly.subplots import make_subplots
 
 from autotune.report.console import cut
 from autotune.report.summary import SERVED, StudyReport
+from autotune.report.twin import twin_points
 from autotune.search.record import trial_record
 from autotune.search.stage import Stage
 
@@ -426,7 +427,19 @@ def latency_cdf(report: StudyReport) -> Plot:
     return Plot("plot-latency-cdf", title, _layout(fig, margin={"l": 60, "r": 20, "t": 60, "b": 50}), note)
 
 
+def twin(report: StudyReport) -> Plot | None:
+    """The twin's prediction of each search trial against its measurement (None: none predicted)."""
+    fig = twin_points(trial_record(t) for t in report.trials)
+    if fig is None:
+        return None
+    note = (
+        "Each point is a trial the twin predicted before its engine started, from the runs measured "
+        "before it; on the dotted line the prediction was exact. " + report.twin_line[0].upper() + report.twin_line[1:]
+    )
+    return Plot("plot-twin", "The twin: predicted against measured", _layout(fig, showlegend=False), note + ".")
+
+
 def build_plots(report: StudyReport) -> list[Plot]:
     """Every figure of the report, in page order (absent probes left out)."""
-    plots = (history, pareto, memory_edge, cuda_graph, importance, latency_cdf)
+    plots = (history, pareto, memory_edge, cuda_graph, importance, latency_cdf, twin)
     return [p for p in (make(report) for make in plots) if p is not None]

@@ -27,6 +27,7 @@ from autotune.report.summary import (
     search_stall,
     trials_text,
 )
+from autotune.report.twin import twin_cell, twin_line
 from autotune.search.job import TuneJob
 from autotune.search.noise import study_noise
 from autotune.search.record import (
@@ -301,7 +302,7 @@ def _status_detail(t: optuna.trial.FrozenTrial) -> str:
     if reason:
         return f"{params} — {cut(reason, 160)}" if params else cut(reason, 160)
     startup = startup_text(r.facts.get("startup") or {}, r.timings.get("startup_s"))
-    return params + _probe_pool(r) + _reruns(r) + (f" · {startup}" if startup else "")
+    return params + _probe_pool(r) + _reruns(r) + (f" · {startup}" if startup else "") + twin_cell(r)
 
 
 def outcome_cell(t: optuna.trial.FrozenTrial, r: TrialRecord) -> str:
@@ -431,6 +432,8 @@ def print_status(st: optuna.Study) -> None:
     if line := stopped_line(st):
         console.print(line, highlight=False)
     console.print(study_noise(trials, objective_metric(st)).describe(), highlight=False)
+    if line := twin_line(records):
+        console.print(line, highlight=False)
     best = best_trial(st)
     if best is None:
         console.print(f"best: none — {no_winner_text(trials)}", highlight=False)

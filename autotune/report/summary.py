@@ -24,6 +24,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.report.table import trials_frame
+from autotune.report.twin import twin_line
 from autotune.search.noise import study_noise
 from autotune.search.objective import is_feasible
 from autotune.search.record import (
@@ -195,6 +196,7 @@ class StudyReport:
     stopped_line: str = ""
     search_stall: str = ""  # why a search stage ended before its trial budget
     noise_line: str = ""  # the run-to-run noise the study's decisions allowed for, and its source
+    twin_line: str = ""  # how far the twin's predictions were from the measured trials
 
     @property
     def winner_value(self) -> float | None:
@@ -608,4 +610,5 @@ def summarize(study: optuna.Study) -> StudyReport:
         stopped_line=str((stopped(study) or {}).get("line", "")),
         search_stall=search_stall(study),
         noise_line=noise.describe(),
+        twin_line=twin_line(trial_records(trials)) or "",
     )

@@ -106,6 +106,9 @@ class TrialRecord:
     log_path: str | None = None
     # A benchmark run that ended early: {"reason": slo_lost | cannot_win | server_dead, "at_requests", "evidence"}
     early_stop: dict[str, Any] | None = None
+    # The twin's prediction, made before the engine started (search/twin.py): {"predicted", "fit",
+    # "from_runs"} or {"skipped": why}; once measured, also {"measured", "error"}.
+    twin: dict[str, Any] | None = None
 
     @property
     def started(self) -> bool:

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -53,6 +54,7 @@ from autotune.search.space import distribution, finite_points, fits, suggest, su
 from autotune.search.stage import Stage
 from autotune.search.storage import best_trial, primary_value, superseded
 from autotune.search.trial import TrialResult, TrialRunner, TrialSpec, early_stop_policy, run_trial
+from autotune.search.twin import PREDICTED, Pending, Twin
 from autotune.search.weightcache import WeightCache
 
 __all__ = ["Placement", "StudyRun", "Withdrawn", "redact_env", "worker_id"]
@@ -150,6 +152,11 @@ class StudyRun:
         self.admit: Callable[[int], bool] = admit or (lambda number: True)
         self.claim_retry: Callable[[FrozenTrial], bool] = claim_retry or (lambda trial: True)
         self.weights = weights
+        fixed = {**job.engine.fixed_flags, **job.space.fixed}
+        self.twin = Twin(job.workload, fixed) if job.study.twin else None
+        # The twin answers on a thread of its own while the engine starts: its prediction uses
+        # only the runs recorded before the launch, and costs the trial no time.
+        self._twin_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="twin") if self.twin else None
         # An enqueued trial is popped by whichever ask() comes next, and the sampler sees a
         # running trial only once its params are suggested: ask and sample one trial at a time.
         self._ask_lock = threading.Lock()
@@ -341,6 +348,7 @@ class StudyRun:
         if why is not None:
             raise Withdrawn(self._withdraw(trial, why))
         self.progress.trial_started(trial.number, stage, params)
+        prediction = self._predict(stage, params, probe)
         try:
             with self.placement(flags) as env:
                 if env:
@@ -375,13 +383,28 @@ class StudyRun:
             write_trial(trial, outcome=INTERRUPTED)
             self.study.tell(trial, state=TrialState.FAIL)
             raise
+        twin = self._checked(trial, result, prediction)
         self._record(trial, result)
-        self.progress.trial_finished({**result.summary(), "best": self.best_summary()})
+        self.progress.trial_finished({**result.summary(), "best": self.best_summary(), "twin": twin})
         # The next engine on these GPUs would fail its free-memory check: wait for the driver to
         # release what the stopped engine held (returns at once without NVML).
         wait_pids_released(result.engine_pids, timeout_s=RELEASE_TIMEOUT_S)
         self.stop_if_flag_independent()
         return result
+
+    def _predict(self, stage: str, params: dict[str, Any], probe: bool) -> Pending | None:
+        """The twin's prediction for a search trial, asked from the runs recorded so far."""
+        if self._twin_pool is None or self.twin is None or probe or stage not in PREDICTED:
+            return None
+        return self.twin.ask(self._twin_pool, params, trial_records(self.finished()))
+
+    def _checked(self, trial: optuna.Trial, result: TrialResult, prediction: Pending | None) -> dict[str, Any] | None:
+        """Store the twin's prediction with what the trial measured."""
+        if prediction is None or self.twin is None:
+            return None
+        twin = self.twin.check(prediction, result.metrics, result.outcome.served, bool(result.early_stop))
+        write_trial(trial, twin=twin)
+        return twin
 
     def stop_if_flag_independent(self) -> None:
         """Stop the study when two launches with different flags failed with the same root cause

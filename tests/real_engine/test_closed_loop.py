@@ -166,6 +166,12 @@ def test_kill_resume_export(
         # A search run that could not beat the best one may end early (told to Optuna as pruned).
         finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
         assert study.trials[2].state in finished, study.trials[2].user_attrs.get("reason")
+        # The twin predicted it from the baseline alone before its engine started, and was checked
+        # against what it served (against the served part, had early stop cut it).
+        twin = study.trials[2].user_attrs["twin"]
+        assert twin["from_runs"] == 1 and twin["fit"]["runs"] == 1, twin
+        assert twin["measured"]["output_throughput"] == study.trials[2].user_attrs["metrics"]["output_throughput"]
+        assert "output_throughput" in twin["error"], twin
         script = Path(done.stdout.split("launch script:")[1].split()[0])
         _relaunch_matches_trial(script, tmp_path, env, study)
     finally:
