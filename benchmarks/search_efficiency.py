@@ -937,7 +937,9 @@ def product_job(case: Case, name: str, seed: int, budget: int, folder: Path, **s
             sampler=sampler,  # type: ignore[arg-type]
             method=method,  # type: ignore[arg-type]
             weight_cache="off",
-            **study,
+            # The twin only records a prediction beside each trial (no decision reads it yet), and
+            # asking it is a process per trial: thousands here, for numbers nobody reads.
+            **{"twin": False, **study},
         ),
     )
 

@@ -60,3 +60,30 @@ def test_a_goodput_study_under_a_p90_slo_shows_its_objective_and_its_slo() -> No
         LiveProgress(console, shown=shown_metrics(workload)).trial_finished(summary)
     line = captured.get().strip()
     assert line.startswith("trial 4 → slo_violation: 1,531.0 tok/s, goodput 12.3 req/s, p90 TTFT 234 ms (start")
+
+
+def test_a_predicted_trial_shows_the_twin_and_its_running_median_error() -> None:
+    console = Console(force_terminal=False, width=400, soft_wrap=True, color_system=None)
+    progress = LiveProgress(console)
+    cut = {"output_throughput": 1100.0}
+    twins = [
+        {"predicted": {"output_throughput": 2000.0}, "error": {"output_throughput": 0.25}},
+        {
+            "predicted": {"output_throughput": 1500.0},
+            "predicted_cut": cut,
+            "cut_at": 96,
+            "error": {"output_throughput": -0.05},
+        },
+        {"skipped": "an open-loop request rate is not modelled by the twin (a closed loop of streams is)"},
+    ]
+    with console.capture() as captured:
+        for number, twin in enumerate(twins):
+            summary = {"number": number, "stage": "search", "outcome": "ok", "metrics": {"output_throughput": 1000.0}}
+            progress.trial_finished({**summary, "twin": twin})
+    lines = [line.strip() for line in captured.get().splitlines() if line.strip().startswith("twin")]
+    assert lines == [
+        "twin 2,000.0 tok/s (+25.0 % off the measured); median |error| 25.0 % over 1 trial(s)",
+        "twin 1,500.0 tok/s; 1,100.0 for the 96 requests served before the cut (-5.0 % off the measured); "
+        "median |error| 15.0 % over 2 trial(s)",
+        "twin: skipped (an open-loop request rate is not modelled by the twin (a closed loop of streams is))",
+    ]

@@ -48,7 +48,15 @@ OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 G
 KV_LINE = "ValueError: To serve at least one request with max seq len (4096), 2.1 GiB KV cache is needed"
 CRASH_LINE = "RuntimeError: NCCL error in: ../csrc/distributed/c10d/NCCLUtils.hpp:275"
 RUNTIME_OOM_LINE = "CUDA out of memory during decode (runtime)"
-PLOT_IDS = ("plot-history", "plot-pareto", "plot-memory-edge", "plot-cuda-graph", "plot-importance", "plot-latency-cdf")
+PLOT_IDS = (
+    "plot-history",
+    "plot-pareto",
+    "plot-memory-edge",
+    "plot-cuda-graph",
+    "plot-importance",
+    "plot-latency-cdf",
+    "plot-twin",
+)
 
 
 # -------------------------------------------------------------------------------- study builder
@@ -159,6 +167,16 @@ def _per_request_run(n: int, ttft_s: float, failed: int) -> dict[str, Any]:
     }
 
 
+TWIN_PREDICTED = {1200.0: 1260.0, 1300.0: 1170.0}  # measured → predicted tok/s: +5 % and −10 %
+TWIN_FIT = {"step_s": 0.004, "seq_s": 2e-4, "token_s": 3e-5, "runs": 3, "residual": 0.05}
+
+
+def _twin(predicted: float, measured: float) -> dict[str, Any]:
+    error = {"output_throughput": (predicted - measured) / measured}
+    return {"predicted": {"output_throughput": predicted}, "fit": TWIN_FIT, "from_runs": 3, "error": error,
+            "measured": {"output_throughput": measured}}  # fmt: skip
+
+
 def _full_study(results: Path) -> tuple[optuna.Study, dict[str, int]]:
     """Baseline, a search with served/violating/failed trials, probes, and a validated winner."""
     b = _Builder(results, STUDY)
@@ -194,6 +212,8 @@ def _full_study(results: Path) -> tuple[optuna.Study, dict[str, int]]:
     validated["validated_spread"] = 100.0 / 1500.0
     for params, outcome, tps, ttft, reason in search:
         extra = validated if params is WINNER_PARAMS else {}
+        if tps in TWIN_PREDICTED:  # the twin predicted these two before they ran
+            extra = {**extra, "twin": _twin(TWIN_PREDICTED[tps], tps)}
         n = b.add("search", outcome, params=params, tps=tps, ttft=ttft, reason=reason, **extra)
         ids.setdefault(outcome, n)
         if params is WINNER_PARAMS:
@@ -320,6 +340,12 @@ def test_html_lists_engine_facts_per_trial(full: dict[str, Any]) -> None:
 
 
 @pytest.mark.sim
+def test_the_twin_is_said_with_its_median_error_and_plotted(full: dict[str, Any]) -> None:
+    line = "median |error| over the 2 measured: output tok/s 7.5 %"
+    assert line in full["md"] and line in html.unescape(full["html"])
+    assert "predicted against measured" in full["html"]
+
+
 def test_markdown_has_the_gain_table_flags_and_failures(full: dict[str, Any]) -> None:
     md = full["md"]
     assert "> **Simulated engine: numbers are modelled**" in md
