@@ -160,6 +160,7 @@ def tune(
     early_stop: Annotated[bool, typer.Option(help="End a search trial's run once it cannot matter.")] = True,
     stop_when_done: Annotated[bool, typer.Option(help="End the search once more trials stop paying.")] = True,
     twin: Annotated[bool, typer.Option(help="Predict each search trial before it runs; record the error.")] = True,
+    screen: Annotated[bool, typer.Option(help="Skip a search trial the twin shows cannot win (needs --twin).")] = True,
     stable_within: Annotated[float, typer.Option(min=0, max=0.5, help="Real runs: throughput ±this (0: any).")] = 0.05,
 ) -> None:
     """Create or resume a study: baseline, the tuning stages (or a plain search), then validation. The
@@ -173,7 +174,7 @@ def tune(
     settings.update(method=method, memory_probe=memory_probe, host_memory_margin_gib=host_memory_margin)
     settings.update(baseline=baseline, noise_runs=noise_runs, parallel=parallel, gpus=gpus, heartbeat_s=heartbeat)
     settings.update(weight_cache=weight_cache, judge_host=host_check, early_stop=early_stop)
-    settings.update(stop_when_done=stop_when_done, stable_within=stable_within or None, twin=twin)
+    settings.update(stop_when_done=stop_when_done, stable_within=stable_within or None, twin=twin, screen=screen)
     job, intro = tune_job(options, space, workload, settings, client=bench_client)
     _run_job(job, intro)
 

@@ -887,6 +887,11 @@ class StudySettings(StrictModel):
         description="Predict each search trial's throughput, TTFT and TPOT before its engine starts, with the "
         "simulator's step model fitted on the study's own runs, and record the error once measured.",
     )
+    screen: bool = Field(
+        default=True,
+        description="Skip launching a search trial the twin predicts to lose to the best trial by more than its "
+        "largest measured error plus the study's noise (from 3 predictions checked on the study's own trials).",
+    )
     heartbeat_s: int = Field(
         default=30,
         ge=1,

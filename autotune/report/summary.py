@@ -28,6 +28,7 @@ from autotune.report.twin import twin_line
 from autotune.search.noise import study_noise
 from autotune.search.objective import is_feasible
 from autotune.search.record import (
+    SCREENED,
     WITHDRAWN,
     TrialRecord,
     stage_state,
@@ -290,6 +291,8 @@ def trials_text(trials: Sequence[FrozenTrial]) -> str:
     withdrawn = sum(1 for r in records if r.outcome == WITHDRAWN)
     stages = Counter(r.stage or "?" for r in records if r.outcome != WITHDRAWN)
     text = f"{len(trials) - withdrawn} trials ({', '.join(f'{k} {v}' for k, v in stages.items())})"
+    if screened := sum(1 for r in records if r.outcome == SCREENED):
+        text += f", {screened} of them screened by the twin (no engine started)"
     return text + (f"; {withdrawn} more withdrawn before launch" if withdrawn else "")
 
 
@@ -453,7 +456,7 @@ def _failures(trials: Sequence[FrozenTrial]) -> list[TrialNote]:
     return [
         TrialNote(t.number, r.stage, _outcome(t), dict(r.flags), explain(t), r.log_path or "")
         for t, r in zip(trials, trial_records(trials), strict=True)
-        if t.state.is_finished() and _outcome(t) not in ("ok", WITHDRAWN)  # withdrawn: it never ran
+        if t.state.is_finished() and _outcome(t) not in ("ok", WITHDRAWN, SCREENED)  # these never ran
     ]
 
 

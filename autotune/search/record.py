@@ -63,6 +63,9 @@ INTERRUPTED = "interrupted"
 #: The outcome recorded for a trial withdrawn before its engine started: trials asked before it
 #: had filled its quota, or measured (or are measuring) the configuration it proposed.
 WITHDRAWN = "withdrawn"
+#: The outcome recorded for a search trial the twin ruled out before any engine started
+#: (``search/twin.py``): told to the sampler as pruned, with its prediction.
+SCREENED = "screened"
 _VERSION_KEY = "record_version"
 
 

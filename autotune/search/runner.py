@@ -41,6 +41,7 @@ from autotune.search.novelty import config_key, measured, unmeasured_point
 from autotune.search.progress import Progress
 from autotune.search.record import (
     INTERRUPTED,
+    SCREENED,
     WITHDRAWN,
     StageState,
     set_stage_state,
@@ -53,11 +54,11 @@ from autotune.search.record import (
 from autotune.search.space import distribution, finite_points, fits, suggest, suggest_param
 from autotune.search.stage import Stage
 from autotune.search.storage import best_trial, primary_value, superseded
-from autotune.search.trial import TrialResult, TrialRunner, TrialSpec, early_stop_policy, run_trial
+from autotune.search.trial import RANKED_STAGES, TrialResult, TrialRunner, TrialSpec, early_stop_policy, run_trial
 from autotune.search.twin import PREDICTED, Pending, Twin
 from autotune.search.weightcache import WeightCache
 
-__all__ = ["Placement", "StudyRun", "Withdrawn", "redact_env", "worker_id"]
+__all__ = ["Placement", "Screened", "StudyRun", "Withdrawn", "redact_env", "worker_id"]
 
 #: Where a trial runs: given its engine flags, a context that holds the resources (a GPU group)
 #: for the trial and yields the environment that confines the engine to them.
@@ -99,6 +100,11 @@ def _anywhere(flags: dict[str, Any]) -> AbstractContextManager[Mapping[str, str]
 class Withdrawn(Exception):
     """A trial given back before its engine started: a trial asked before it filled its quota or
     measures the same configuration (``StudyRun._gives_way``)."""
+
+
+class Screened(Withdrawn):
+    """A search trial the twin ruled out before its engine started (``StudyRun._screen``): it
+    counts toward its stage's quota, as a trial that cost no engine time."""
 
 
 def _deterministic_failure(t: FrozenTrial) -> tuple[str, str] | None:
@@ -222,6 +228,8 @@ class StudyRun:
             trial, params = self._ask(explicit, recorded, hinted, sample)
             if sample is not None:
                 trial, params, repeat = self._unmeasured(trial, stage, params, explicit, recorded, sample)
+        if sample is not None and workload is None and stage in RANKED_STAGES:
+            self._screen(trial, stage, params)
         extra = dict(extra or {})
         if workload is not None:
             extra["workload_override"] = workload.model_dump(mode="json")
@@ -289,6 +297,33 @@ class StudyRun:
         self.set_stage_state(stage, dataclasses.replace(state, done=True, stalled=why))
         self.progress.message(f"{why}: the {stage} stage ends here")
         raise Withdrawn(self._withdraw(trial, why, stage=stage, params=params))
+
+    def _screen(self, trial: optuna.Trial, stage: str, params: dict[str, Any]) -> None:
+        """Record ``trial`` as screened and raise :class:`Screened` when the twin rules it out
+        (``Twin.screen``). The sampler is told it was pruned; a configuration screened once runs
+        when the sampler proposes it again."""
+        if self.twin is None or not self.job.study.screen or len(self.study.directions) > 1:
+            return
+        if self.job.workload.objective.metric != "output_throughput" or not self._maximises():
+            return  # the twin predicts output throughput; other objectives are not screened
+        flags = self.flags(params)
+        records = trial_records(self.finished())
+        if any(r.outcome == SCREENED and config_key(r.flags) == config_key(flags) for r in records):
+            return
+        incumbent = self._incumbent()
+        twin = None if incumbent is None else self.twin.screen(params, records, incumbent, self.noise().margin)
+        if twin is None:
+            return
+        reason = f"screened before its engine started: {twin['screened']}"
+        write_trial(trial, stage=stage, params=params, flags=flags, worker=self.worker, twin=twin)
+        write_trial(trial, outcome=SCREENED, reason=reason)
+        trial.report(float(twin["predicted"]["output_throughput"]), 0)
+        self.study.tell(trial, state=TrialState.PRUNED)
+        self.progress.message(f"trial {trial.number} {reason}")
+        raise Screened(reason)
+
+    def _maximises(self) -> bool:
+        return self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
 
     def _gives_way(self, number: int, stage: str, flags: dict[str, Any], new_only: bool) -> str | None:
         """Why trial ``number``, its start record stored, must give way to a trial asked before
@@ -495,8 +530,7 @@ class StudyRun:
         if len(runs) > 1:
             return statistics.median(runs)
         luck = min(0.9, self.noise().margin * max(1.0, expected_best_of(len(groups))))
-        maximize = self.study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
-        return value * (1 - luck) if maximize else value * (1 + luck)
+        return value * (1 - luck) if self._maximises() else value * (1 + luck)
 
     def noise(self) -> StudyNoise:
         """The study's run-to-run noise on its objective (``search/noise.py``): the one figure

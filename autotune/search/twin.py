@@ -27,7 +27,16 @@ from autotune.config import Workload
 from autotune.search.record import TrialRecord
 from autotune.search.stage import Stage
 
-__all__ = ["PREDICTED", "TWIN_METRICS", "Pending", "Twin", "measured_error", "median_error"]
+__all__ = [
+    "PREDICTED",
+    "SCREEN_AFTER",
+    "TWIN_METRICS",
+    "Pending",
+    "Twin",
+    "measured_error",
+    "median_error",
+    "worst_error",
+]
 
 #: The stages whose trials the twin predicts: the candidates a search proposes. The baseline and
 #: the noise runs are what it is fitted on; probes run another workload; validation re-runs
@@ -36,6 +45,8 @@ PREDICTED = frozenset({Stage.SCENARIO, Stage.SEARCH, Stage.CUDA_GRAPH})
 #: What the twin predicts, as the benchmark names it; the first is the headline error.
 TWIN_METRICS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms")
 TIMEOUT_S = 30.0
+#: Predictions a study must have checked against its own trials before the twin may screen one.
+SCREEN_AFTER = 3
 
 
 class Twin:
@@ -106,6 +117,33 @@ class Twin:
             return {"skipped": answer["error"]}
         return {"predicted": answer["predicted"], "fit": answer["fit"], "from_runs": len(observations)}
 
+    def screen(
+        self, params: Mapping[str, Any], records: list[TrialRecord], incumbent: float, noise: float
+    ) -> dict[str, Any] | None:
+        """The twin record of a candidate it rules out, with ``screened`` saying why, or None.
+
+        Ruled out: even if the twin's output throughput were as far too low as its largest error
+        on this study's trials (:data:`SCREEN_AFTER` checked at least), and the noise favoured
+        the candidate, it would still fall below ``incumbent``. A predicted failure rules out
+        nothing: the step model does not know the engine's limits.
+        """
+        worst = worst_error(records)
+        if worst is None or worst[1] < SCREEN_AFTER or worst[0] >= 1:
+            return None
+        answer = self.predict(params, records)
+        predicted = (answer.get("predicted") or {}).get("output_throughput")
+        if predicted is None or answer["predicted"].get("failure"):
+            return None
+        best_case = predicted / (1 - worst[0]) * (1 + noise)
+        if best_case >= incumbent:
+            return None
+        why = (
+            f"the twin predicts {predicted:,.1f} tok/s: even {worst[0]:.0%} low (its largest error over the "
+            f"{worst[1]} trials it was checked on) and ±{noise:.1%} noise, {best_case:,.1f} is below the best "
+            f"trial's {incumbent:,.1f}"
+        )
+        return {**answer, "screened": why}
+
     def _shape(self, knobs: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
         resolved = facts.get("resolved_knobs") or {}
         return {
@@ -141,11 +179,21 @@ def measured_error(twin: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[
     return {**twin, "measured": measured, "error": error}
 
 
+def _errors(records: Iterable[TrialRecord], metric: str) -> list[float]:
+    return [abs(float(e)) for r in records if (e := (r.twin or {}).get("error", {}).get(metric)) is not None]
+
+
 def median_error(records: Iterable[TrialRecord], metric: str = TWIN_METRICS[0]) -> tuple[float, int] | None:
     """The median |error| of the twin's ``metric`` over the trials it predicted and that were
     measured, and how many; None before the first."""
-    errors = [abs(float(e)) for r in records if (e := (r.twin or {}).get("error", {}).get(metric)) is not None]
+    errors = _errors(records, metric)
     return (statistics.median(errors), len(errors)) if errors else None
+
+
+def worst_error(records: Iterable[TrialRecord], metric: str = TWIN_METRICS[0]) -> tuple[float, int] | None:
+    """The largest |error| of the twin's ``metric`` over the trials it was checked on, and how many."""
+    errors = _errors(records, metric)
+    return (max(errors), len(errors)) if errors else None
 
 
 def _concurrency(workload: Workload) -> int:

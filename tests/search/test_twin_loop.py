@@ -10,12 +10,16 @@ import pytest
 from simstudy import SMALL_WORKLOAD, sim_job
 
 from autotune.config import Workload
+from autotune.engines import get_adapter
 from autotune.report.status import print_status
 from autotune.report.twin import prediction_text, twin_line
-from autotune.search.record import TrialRecord, trial_records
+from autotune.search.progress import NullProgress
+from autotune.search.record import SCREENED, TrialRecord, trial_records
+from autotune.search.runner import StudyRun
+from autotune.search.stage import Stage
 from autotune.search.storage import load_study
-from autotune.search.tune import run_study
-from autotune.search.twin import PREDICTED, Twin, measured_error, median_error
+from autotune.search.tune import run_study, study_session
+from autotune.search.twin import PREDICTED, SCREEN_AFTER, Twin, measured_error, median_error
 
 SPACE = {
     "params": {
@@ -113,4 +117,40 @@ def test_no_twin_predicts_nothing(tmp_path: Path) -> None:
     job = sim_job(tmp_path, SPACE, method="search", trials=2, finalists=1, validation_runs=1, twin=False)
     run_study(job)
     study: optuna.Study = load_study("t", job.storage_url)
-    assert all(r.twin is None for r in trial_records(study.trials))
+    assert all(r.twin is None and r.outcome != SCREENED for r in trial_records(study.trials))
+
+
+WIDE = {
+    "params": {
+        "max_running": {"type": "int", "low": 1, "high": 64, "log": True},
+        "batched_tokens": {"type": "categorical", "choices": [1024, 8192]},
+    }
+}
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+def test_the_twin_screens_a_sure_loser_and_runs_it_when_the_sampler_insists(tmp_path: Path) -> None:
+    # At 16 streams a cap of a few running sequences serves a fraction of the defaults' rate: once
+    # the twin was checked on 3 trials, such a candidate is told to the sampler without a launch.
+    job = sim_job(tmp_path, WIDE, method="search", trials=12, finalists=1, validation_runs=1, stop_when_done=False)
+    run_study(job)
+    study = load_study("t", job.storage_url)
+    records = trial_records(study.trials)
+    screened = [r for r in records if r.outcome == SCREENED]
+    assert screened, [(r.params, r.outcome) for r in records]
+    for r in screened:
+        assert study.trials[r.number].state == optuna.trial.TrialState.PRUNED and not r.metrics
+        checked = [b for b in records[: r.number] if b.twin and "error" in b.twin]
+        assert len(checked) >= SCREEN_AFTER
+        worst = max(abs(b.twin["error"]["output_throughput"]) for b in checked)  # type: ignore[index]
+        predicted = r.twin["predicted"]["output_throughput"]  # type: ignore[index]
+        assert f"even {worst:.0%} low (its largest error over the {len(checked)} trials" in r.reason
+        assert predicted / (1 - worst) < max(float(b.metrics["output_throughput"]) for b in checked)
+        assert not (Path(job.dir) / "trials" / str(r.number)).exists()  # no engine, no trial folder
+    # Proposed again, the screened configuration runs: the twin may be wrong about it.
+    again = screened[0]
+    with study_session(job, get_adapter(job.engine), NullProgress()) as resumed:
+        run = StudyRun(job, get_adapter(job.engine), resumed, NullProgress())
+        result = run.run(Stage.SEARCH, sample=job.space, hint=again.params)
+    assert result.flags == again.flags and str(result.outcome) == "ok"
