@@ -1135,9 +1135,9 @@ RECORD = Path(__file__).with_name("validation_record.json")
 
 def digest(fact: Fact) -> str:
     """What may never change once a row is recorded: its quantity, source, setup, published
-    value and whether it is labelled a known miss."""
+    value and its known-miss label, word for word (a ``later`` note beside it may be added)."""
     fields = (fact.name, fact.category, fact.source, fact.engine, fact.gpu, fact.model, fact.tp, fact.dtype)
-    blob = json.dumps([*fields, fact.setup, fact.published, fact.unit, fact.known_miss is not None])
+    blob = json.dumps([*fields, fact.setup, fact.published, fact.unit, fact.known_miss])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

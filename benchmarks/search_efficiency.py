@@ -287,6 +287,8 @@ class Served:
     eager_steps: int = 0  # steps without a graph, prefill chunks included
     eager_min_tokens: int | None = None  # the smallest of those steps, in tokens
     decode_passes: int = 0  # steps that only decode
+    requests: int = 0  # requests served to the end
+    input_tokens: int = 0  # their prompts' tokens
 
     def oom_time(self, free: float) -> float | None:
         """When the first step needed more than ``free`` bytes (None: never)."""
@@ -386,6 +388,8 @@ def _drive(sched: Any, perf: _Watch, workload: Workload) -> Served:
         eager_steps=perf.eager,
         eager_min_tokens=perf.eager_min,
         decode_passes=perf.decode_passes,
+        requests=workload.num_prompts,
+        input_tokens=sum(len(_prompt(i, lo, hi)) for i in range(workload.num_prompts)),
     )
 
 
@@ -746,6 +750,10 @@ def _metrics(served: Served, speed: float) -> dict[str, float]:
     return {
         "output_throughput": served.output_tokens / served.duration_s * speed,
         "mean_ttft_ms": 1000 * statistics.fmean(served.ttfts) / speed if served.ttfts else math.nan,
+        "mean_tpot_ms": 1000 * statistics.fmean(served.tpots) / speed if served.tpots else math.nan,
+        "completed": float(served.requests),
+        "total_input_tokens": float(served.input_tokens),
+        "total_output_tokens": float(served.output_tokens),
         "p95_ttft_ms": 1000 * _p95(served.ttfts) / speed,
         "p95_tpot_ms": 1000 * _p95(served.tpots) / speed,
         "error_rate": 0.0,
