@@ -104,7 +104,7 @@ class Twin:
         if not observations:
             return {"skipped": "no served run of the study's workload to fit on yet"}
         last = observations[-1]
-        candidate = {**self._shape({**self.fixed, **params}, {})}
+        candidate = self._shape({**self.fixed, **params}, {})
         for key in ("requests", "input_len", "output_len"):
             candidate[key] = last[key]
         if requests is not None:
