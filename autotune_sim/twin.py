@@ -104,9 +104,8 @@ class Shape:
             steps = max(1, math.ceil(m * i / budget))
             prefill = (steps, 0.0, m * i)  # `steps` steps carrying m·I prompt tokens in all
             decode = (1.0, float(m), 0.0)
-            first_token = _scale(
-                prefill, (steps + 1) / (2 * steps)
-            )  # the mean request: half its wave's prefill, and its own
+            # The mean request waits for half its wave's prefill steps, and its own.
+            first_token = _scale(prefill, (steps + 1) / (2 * steps))
             cycle = _add(prefill, _scale(decode, o - 1))
             waves.append(_Wave(first_token, decode, cycle))
         return waves

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import Counter
 from typing import Any
@@ -186,9 +187,8 @@ class LiveProgress:
         text = prediction_text(twin)
         if (error := (twin.get("error") or {}).get("output_throughput")) is not None:
             self.twin_errors.append(abs(float(error)))
-            ranked = sorted(self.twin_errors)
-            median = (ranked[(len(ranked) - 1) // 2] + ranked[len(ranked) // 2]) / 2
-            text += f"; median |error| {100 * median:.1f} % over {len(ranked)} trial(s)"
+            median = statistics.median(self.twin_errors)
+            text += f"; median |error| {100 * median:.1f} % over {len(self.twin_errors)} trial(s)"
         return text
 
     def message(self, text: str) -> None:

@@ -21,7 +21,7 @@ _NAMES = {"output_throughput": "output tok/s", "mean_ttft_ms": "mean TTFT", "mea
 
 
 def prediction_text(twin: Mapping[str, Any] | None) -> str:
-    """``twin 1,234.5 tok/s (measured +3.1 %)``, ``twin 1,234.5 tok/s (not compared: …)``,
+    """``twin 1,234.5 tok/s (+3.1 % off the measured)``, ``twin 1,234.5 tok/s (not compared: …)``,
     ``twin: skipped (why)``, or "" when the trial was not predicted."""
     if not twin:
         return ""
