@@ -346,6 +346,7 @@ def test_the_twin_is_said_with_its_median_error_and_plotted(full: dict[str, Any]
     assert "predicted against measured" in full["html"]
 
 
+@pytest.mark.sim
 def test_markdown_has_the_gain_table_flags_and_failures(full: dict[str, Any]) -> None:
     md = full["md"]
     assert "> **Simulated engine: numbers are modelled**" in md
