@@ -29,7 +29,7 @@ from autotune.config import EngineSettings, SearchSpace, Workload, as_given
 from autotune.search.record import TrialRecord, study_config, trial_records
 from autotune.search.stage import Stage
 from autotune.search.storage import load_study
-from autotune.search.twin import PREDICTED, TWIN_METRICS, Twin, measured_error
+from autotune.search.twin import PREDICTED, TWIN_METRICS, Pending, Twin
 
 CALIBRATIONS = ("baseline only", "every run before it")
 
@@ -42,15 +42,14 @@ def _twin(study: Any) -> Twin:
 
 
 def _checked(twin: Twin, record: TrialRecord, before: list[TrialRecord]) -> dict[str, Any] | None:
-    """The twin's error on ``record`` when fitted on ``before``; None when it cannot say."""
-    cut = bool(record.early_stop)
-    requests = int(record.metrics.get("completed") or 0) if cut else None
-    answer = twin.predict(record.params or {}, before, requests=requests)
+    """The twin's error on ``record`` when fitted on ``before``, checked as the study checks it
+    (``Twin.check``: a cut run against the requests it served); None when it cannot say."""
+    params = record.params or {}
+    answer = twin.predict(params, before)
     if "predicted" not in answer:
         return None
-    if cut:
-        answer = {**answer, "predicted_cut": answer["predicted"], "cut_at": requests}
-    return measured_error(answer, record.metrics)
+    checked = twin.check(Pending.ready(answer, params, before), record.metrics, True, bool(record.early_stop))
+    return checked if "error" in checked else None
 
 
 def replay(path: Path) -> dict[str, Any]:

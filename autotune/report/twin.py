@@ -58,7 +58,7 @@ def twin_line(records: Iterable[TrialRecord]) -> str | None:
         if (median := median_error(records, metric)) is not None:
             parts.append(f"{_NAMES[metric]} {100 * median[0]:.1f} %")
     compared = median_error(records)
-    fit = predicted[-1].twin["fit"] if predicted[-1].twin else {}
+    fit = (predicted[-1].twin or {})["fit"]
     step = (
         f"step {1000 * float(fit.get('step_s', 0)):.2f} ms + {1000 * float(fit.get('seq_s', 0)):.3f} ms per running "
         f"sequence + {1e6 * float(fit.get('token_s', 0)):.1f} µs per prompt token"

@@ -228,8 +228,9 @@ class StudyRun:
             trial, params = self._ask(explicit, recorded, hinted, sample)
             if sample is not None:
                 trial, params, repeat = self._unmeasured(trial, stage, params, explicit, recorded, sample)
+        asked = None  # the twin's answer, when screening already asked it
         if sample is not None and workload is None and stage in RANKED_STAGES:
-            self._screen(trial, stage, params)
+            asked = self._screen(trial, stage, params)
         extra = dict(extra or {})
         if workload is not None:
             extra["workload_override"] = workload.model_dump(mode="json")
@@ -241,6 +242,7 @@ class StudyRun:
             extra,
             probe=workload is not None,
             new_only=sample is not None and not repeat,
+            asked=asked,
         )
 
     def _ask(
@@ -298,22 +300,23 @@ class StudyRun:
         self.progress.message(f"{why}: the {stage} stage ends here")
         raise Withdrawn(self._withdraw(trial, why, stage=stage, params=params))
 
-    def _screen(self, trial: optuna.Trial, stage: str, params: dict[str, Any]) -> None:
+    def _screen(self, trial: optuna.Trial, stage: str, params: dict[str, Any]) -> Pending | None:
         """Record ``trial`` as screened and raise :class:`Screened` when the twin rules it out
-        (``Twin.screen``). The sampler is told it was pruned; a configuration screened once runs
-        when the sampler proposes it again."""
+        (``Twin.screen``); else the twin's answer when it was asked (the trial's prediction).
+        The sampler is told a screened trial was pruned; a configuration screened once runs when
+        the sampler proposes it again."""
         if self.twin is None or not self.job.study.screen or len(self.study.directions) > 1:
-            return
+            return None
         if self.job.workload.objective.metric != "output_throughput" or not self._maximises():
-            return  # the twin predicts output throughput; other objectives are not screened
+            return None  # the twin predicts output throughput; other objectives are not screened
         flags = self.flags(params)
         records = trial_records(self.finished())
         if any(r.outcome == SCREENED and config_key(r.flags) == config_key(flags) for r in records):
-            return
+            return None
         incumbent = self._incumbent()
         twin = None if incumbent is None else self.twin.screen(params, records, incumbent, self.noise().margin)
-        if twin is None:
-            return
+        if twin is None or "screened" not in twin:
+            return None if twin is None else Pending.ready(twin, params, records)
         reason = f"screened before its engine started: {twin['screened']}"
         write_trial(trial, stage=stage, params=params, flags=flags, worker=self.worker, twin=twin)
         write_trial(trial, outcome=SCREENED, reason=reason)
@@ -361,10 +364,12 @@ class StudyRun:
         *,
         probe: bool = False,
         new_only: bool = False,
+        asked: Pending | None = None,
     ) -> TrialResult:
         """One trial; ``probe``: a run under another workload (a peak shape) that asks only
         whether the engine survives it, so the client's limits do not invalidate it;
-        ``new_only``: withdrawn if a trial asked before it measures the same configuration."""
+        ``new_only``: withdrawn if a trial asked before it measures the same configuration;
+        ``asked``: the twin's prediction, when screening made it already."""
         flags = self.flags(params)
         trial_dir = self.job.dir / "trials" / str(trial.number)
         # What says which quota a trial counts toward (stage, extra) is stored before params,
@@ -383,7 +388,7 @@ class StudyRun:
         if why is not None:
             raise Withdrawn(self._withdraw(trial, why))
         self.progress.trial_started(trial.number, stage, params)
-        prediction = self._predict(stage, params, probe)
+        prediction = asked or self._predict(stage, params, probe)
         try:
             with self.placement(flags) as env:
                 if env:

@@ -120,7 +120,8 @@ class Twin:
     def screen(
         self, params: Mapping[str, Any], records: list[TrialRecord], incumbent: float, noise: float
     ) -> dict[str, Any] | None:
-        """The twin record of a candidate it rules out, with ``screened`` saying why, or None.
+        """The twin's answer for a candidate, with ``screened`` saying why when it rules the
+        candidate out; None when it may not screen yet (too few trials checked).
 
         Ruled out: even if the twin's output throughput were as far too low as its largest error
         on this study's trials (:data:`SCREEN_AFTER` checked at least), and the noise favoured
@@ -133,10 +134,10 @@ class Twin:
         answer = self.predict(params, records)
         predicted = (answer.get("predicted") or {}).get("output_throughput")
         if predicted is None or answer["predicted"].get("failure"):
-            return None
+            return answer
         best_case = predicted / (1 - worst[0]) * (1 + noise)
         if best_case >= incumbent:
-            return None
+            return answer
         why = (
             f"the twin predicts {predicted:,.1f} tok/s: even {worst[0]:.0%} low (its largest error over the "
             f"{worst[1]} trials it was checked on) and ±{noise:.1%} noise, {best_case:,.1f} is below the best "
@@ -163,6 +164,13 @@ class Pending:
     future: Future[dict[str, Any]]
     params: dict[str, Any]
     records: list[TrialRecord]
+
+    @classmethod
+    def ready(cls, answer: dict[str, Any], params: Mapping[str, Any], records: list[TrialRecord]) -> Pending:
+        """A prediction already made (by screening, or a replay of a stored study)."""
+        future: Future[dict[str, Any]] = Future()
+        future.set_result(answer)
+        return cls(future, dict(params), records)
 
 
 def measured_error(twin: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -90,7 +90,9 @@ def test_the_error_is_the_prediction_against_the_measurement() -> None:
 def test_a_search_study_predicts_each_trial_and_measures_the_twin(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    job = sim_job(tmp_path, SPACE, method="search", trials=4, finalists=1, validation_runs=1)
+    # Screening off: its subject is the prediction (whether the 4th is screened depends on the
+    # errors of the first three, which a loaded host moves); the next test screens.
+    job = sim_job(tmp_path, SPACE, method="search", trials=4, finalists=1, validation_runs=1, screen=False)
     run_study(job)
     study = load_study("t", job.storage_url)
     records = trial_records(study.trials)
