@@ -322,12 +322,17 @@ def test_time_budget_ends_the_study_and_says_so(home: Path) -> None:
         "--time-budget",
         "0.1s",
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     st = load_study("b", default_storage_url(results, "b"))
     ran = [t for t in st.get_trials() if t.user_attrs.get("stage") == "search"]
     assert len(ran) < 3
     stop = next(x for x in proc.stdout.splitlines() if x.startswith("time budget 0.1 s used up"))
     assert f"ran {len(ran)} of 3 tuning trials" in stop
+    # A loaded host can spend the 0.1 s before the baseline starts: then nothing was measured,
+    # and the study says so and fails rather than report a best trial.
+    if not [t for t in st.get_trials() if t.user_attrs.get("stage") == "baseline"]:
+        assert proc.returncode == 1 and "no launch finished" in proc.stdout, proc.stdout
+        return
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "median of 1 runs" not in proc.stdout and "spread 0.0" not in proc.stdout
     assert "best trial 0 (baseline)" in proc.stdout and "one run" in proc.stdout
 

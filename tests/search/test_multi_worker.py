@@ -122,12 +122,18 @@ def test_two_workers_share_one_study(tmp_path: Path, pg_url: str, study_name: st
     assert second.returncode == 0, second.stdout + second.stderr
     study = optuna.load_study(study_name=study_name, storage=pg_url)
     # Both workers can find the same place free at once: the trial asked later is withdrawn
-    # before its engine starts, and nothing else may fail.
+    # before its engine starts, and nothing else may fail. A trial the twin screened never
+    # launched either; it counts in the search's quota.
     every = study.get_trials()
     withdrawn = [t for t in every if t.user_attrs.get("outcome") == "withdrawn"]
     assert all(t.state == TrialState.FAIL and "engine_pgid" not in t.user_attrs for t in withdrawn)
+    screened = [t for t in every if t.user_attrs.get("outcome") == "screened"]
+    assert all(t.state == TrialState.PRUNED and "engine_pgid" not in t.user_attrs for t in screened)
     trials = [t for t in every if t not in withdrawn]
-    assert all(t.state == TrialState.COMPLETE for t in trials)
+    launched = [t for t in trials if t not in screened]
+    unfinished = [(t.number, t.state.name, t.user_attrs.get("outcome"), t.user_attrs.get("reason")) for t in launched
+                  if t.state != TrialState.COMPLETE]  # fmt: skip
+    assert not unfinished, unfinished
     assert [len(_counted(every, s)) for s in ("baseline", "noise", "search")] == [1, 1, 6]
     # Each validated config (the finalist, and the defaults beside it unless it is the defaults) runs twice.
     runs: dict[Any, int] = {}
@@ -137,13 +143,13 @@ def test_two_workers_share_one_study(tmp_path: Path, pg_url: str, study_name: st
     assert set(runs.values()) == {2}
     assert ("defaults" in runs) == bool(study.trials[finalist].user_attrs["params"])
     assert len(trials) == 8 + sum(runs.values())
-    # No configuration is searched twice, even by two workers asking at the same moment.
-    searched = [tuple(sorted(t.params.items())) for t in _counted(trials, "search")]
+    # No configuration is measured twice, even by two workers asking at the same moment.
+    searched = [tuple(sorted(t.params.items())) for t in _counted(launched, "search")]
     assert len(set(searched)) == len(searched), searched
-    workers = {t.user_attrs["worker"] for t in trials}
+    workers = {t.user_attrs["worker"] for t in launched}
     assert len(workers) == 2, "one worker did everything"
     assert study.user_attrs[LEASE_KEY]["done"]
-    for t in trials:  # every trial says where its logs are
+    for t in launched:  # every launched trial says where its logs are
         assert Path(t.user_attrs["log_path"]).is_file() and t.user_attrs["host"]
 
 
