@@ -10,6 +10,9 @@ trials do. When random draws find none, a space small enough to list is searched
 once every point of it is measured the search has nothing left to learn and ends (the caller
 says so). Only in a space too large to list, when none of :data:`DRAWS` draws is new, does the
 repeat run.
+
+A configuration the twin screened (:func:`screened`) is no new point for that random draw either:
+the twin ruled it out, and only the sampler proposing it again makes it run.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import SearchSpace
-from autotune.search.record import trial_records
+from autotune.search.record import SCREENED, trial_records
 from autotune.search.space import draw, finite_points
 from autotune.search.storage import superseded
 
-__all__ = ["DRAWS", "config_key", "measured", "unmeasured_point"]
+__all__ = ["DRAWS", "config_key", "measured", "screened", "unmeasured_point"]
 
 #: Random draws tried for an unmeasured point before the space counts as used up.
 DRAWS = 64
@@ -54,6 +57,11 @@ def measured(trials: Iterable[FrozenTrial]) -> dict[str, int]:
         if t.state in _MEASURING and t.number not in replaced and r.flags and not r.is_probe:
             seen.setdefault(config_key(r.flags), t.number)
     return seen
+
+
+def screened(trials: Iterable[FrozenTrial]) -> set[str]:
+    """Keys of the configurations the twin ruled out before their engines started."""
+    return {config_key(r.flags) for r in trial_records(trials) if r.outcome == SCREENED and r.flags}
 
 
 def unmeasured_point(

@@ -37,7 +37,7 @@ from autotune.runtime.gpu import wait_pids_released
 from autotune.search.diagnosis import WHERE
 from autotune.search.job import TuneJob
 from autotune.search.noise import StudyNoise, expected_best_of, runs_by_configuration, study_noise
-from autotune.search.novelty import config_key, measured, unmeasured_point
+from autotune.search.novelty import config_key, measured, screened, unmeasured_point
 from autotune.search.progress import Progress
 from autotune.search.record import (
     INTERRUPTED,
@@ -275,12 +275,14 @@ class StudyRun:
         if earlier is None:
             return trial, params, False
         seed = None if self.job.study.seed is None else self.job.study.seed * 100_003 + trial.number
+        ruled_out = screened(self.trials())  # a random draw never runs what the twin ruled out
+        known = set(seen) | ruled_out
         point = unmeasured_point(
-            sample, lambda values: config_key(self.flags({**explicit, **values})) not in seen, self.study, seed
+            sample, lambda values: config_key(self.flags({**explicit, **values})) not in known, self.study, seed
         )
         if point is None:
             if finite_points(sample) is not None:
-                self.end_used_up(trial, stage, params)
+                self.end_used_up(trial, stage, params, ruled_out=bool(ruled_out))
             self.progress.message(f"trial {trial.number} repeats trial {earlier}: every point drawn was measured")
             return trial, params, True
         self._withdraw(trial, f"trial {earlier} measured the configuration it proposed", stage=stage, params=params)
@@ -291,10 +293,11 @@ class StudyRun:
         )
         return replacement, params, False
 
-    def end_used_up(self, trial: optuna.Trial, stage: str, params: dict[str, Any]) -> NoReturn:
-        """End ``stage``: every configuration of its space was measured, so ``trial`` (which
-        proposed one of them again) is withdrawn and the stage is recorded as stalled."""
-        why = f"every configuration of the {stage} space was measured"
+    def end_used_up(self, trial: optuna.Trial, stage: str, params: dict[str, Any], ruled_out: bool = False) -> NoReturn:
+        """End ``stage``: every configuration of its space was measured (or, ``ruled_out``,
+        screened by the twin), so ``trial`` (which proposed one of them again) is withdrawn and
+        the stage is recorded as stalled."""
+        why = f"every configuration of the {stage} space was measured" + (" or screened" if ruled_out else "")
         state = self.stage_state(stage) or StageState()
         self.set_stage_state(stage, dataclasses.replace(state, done=True, stalled=why))
         self.progress.message(f"{why}: the {stage} stage ends here")
@@ -310,9 +313,9 @@ class StudyRun:
         if self.job.workload.objective.metric != "output_throughput" or not self._maximises():
             return None  # the twin predicts output throughput; other objectives are not screened
         flags = self.flags(params)
+        if config_key(flags) in screened(self.finished()):
+            return None  # the sampler proposed it again: it runs
         records = trial_records(self.finished())
-        if any(r.outcome == SCREENED and config_key(r.flags) == config_key(flags) for r in records):
-            return None
         incumbent = self._incumbent()
         twin = None if incumbent is None else self.twin.screen(params, records, incumbent, self.noise().margin)
         if twin is None or "screened" not in twin:

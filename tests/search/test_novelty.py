@@ -104,6 +104,27 @@ def test_when_every_point_of_the_space_was_measured_the_stage_ends(tmp_path: Pat
     assert "every configuration of the search space was measured: the search stage ends here" in run.progress.lines  # type: ignore[attr-defined]
 
 
+def test_a_random_draw_never_runs_what_the_twin_screened_and_the_space_ends(tmp_path: Path) -> None:
+    # Left unmeasured are only the configurations the twin screened: the repeat proposal ends
+    # the stage instead of launching one of them by chance.
+    run = _run(tmp_path, proposes=32)
+    _measured_trial(run, 16, state=TrialState.PRUNED, outcome="screened")
+    _measured_trial(run, 32)
+    _measured_trial(run, 64)
+    with pytest.raises(Withdrawn, match="every configuration of the search space was measured or screened"):
+        run.run("search", sample=run.job.space)
+    assert [t.params for t in run.study.trials if t.state == TrialState.RUNNING] == []
+    state = run.stage_state("search")
+    assert state is not None and state.stalled == "every configuration of the search space was measured or screened"
+
+
+def test_a_screened_configuration_the_sampler_proposes_itself_runs(tmp_path: Path) -> None:
+    run = _run(tmp_path, proposes=16)
+    _measured_trial(run, 16, state=TrialState.PRUNED, outcome="screened")
+    _measured_trial(run, 32)
+    assert _launched(run) == {"max_running": 16}
+
+
 def test_in_a_space_too_large_to_list_a_repeat_runs_when_no_draw_is_new(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
