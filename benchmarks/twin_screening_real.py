@@ -26,12 +26,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import optuna
-from real_search import Printer, emit, engine_missing, open_job_study, output_options, reported, spread, study_job
+from real_search import Printer, open_job_study, output_options, run_benchmark, spread, study_job
 
 from autotune.runtime.hostinfo import host_facts
 from autotune.search.record import SCREENED, WITHDRAWN, trial_records
@@ -133,16 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=Path("twin-real"), help="the studies' folders")
     output_options(parser)
     args = parser.parse_args(argv)
-    if reported(args, report):
-        return 0
-    if engine_missing():
-        return 2
-    t0 = time.monotonic()
-    studies = [
-        one_study(args.results.resolve(), mode, seed, args.trials) for seed in range(args.seeds) for mode in MODES
-    ]
-    emit({"studies": studies, "trials": args.trials, "host": host_facts()}, args.json, report, t0)
-    return 0
+    return run_benchmark(args, report, lambda: measure(args.results.resolve(), args.seeds, args.trials))
+
+
+def measure(folder: Path, seeds: int, trials: int) -> dict[str, Any]:
+    """Each seed's pair of studies, screened first; every study's figures, as JSON."""
+    studies = [one_study(folder, mode, seed, trials) for seed in range(seeds) for mode in MODES]
+    return {"studies": studies, "trials": trials, "host": host_facts()}
 
 
 if __name__ == "__main__":

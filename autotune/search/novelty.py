@@ -26,7 +26,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import SearchSpace
-from autotune.search.record import SCREENED, trial_records
+from autotune.search.record import SCREENED, TrialRecord, trial_records
 from autotune.search.space import draw, finite_points
 from autotune.search.storage import superseded
 
@@ -59,9 +59,9 @@ def measured(trials: Iterable[FrozenTrial]) -> dict[str, int]:
     return seen
 
 
-def screened(trials: Iterable[FrozenTrial]) -> set[str]:
+def screened(records: Iterable[TrialRecord]) -> set[str]:
     """Keys of the configurations the twin ruled out before their engines started."""
-    return {config_key(r.flags) for r in trial_records(trials) if r.outcome == SCREENED and r.flags}
+    return {config_key(r.flags) for r in records if r.outcome == SCREENED and r.flags}
 
 
 def unmeasured_point(

@@ -270,12 +270,13 @@ class StudyRun:
         ``trial``, unless it proposes a configuration the study measured already; that one is
         withdrawn and an unmeasured random point of ``sample`` runs instead, or — in a used-up
         space — the repeat runs (:mod:`autotune.search.novelty`)."""
-        seen = measured(self.trials())
+        trials = self.trials()
+        seen = measured(trials)
         earlier = seen.get(config_key(self.flags(params)))
         if earlier is None:
             return trial, params, False
         seed = None if self.job.study.seed is None else self.job.study.seed * 100_003 + trial.number
-        ruled_out = screened(self.trials())  # a random draw never runs what the twin ruled out
+        ruled_out = screened(trial_records(trials))  # a random draw never runs what the twin ruled out
         known = set(seen) | ruled_out
         point = unmeasured_point(
             sample, lambda values: config_key(self.flags({**explicit, **values})) not in known, self.study, seed
@@ -313,9 +314,9 @@ class StudyRun:
         if self.job.workload.objective.metric != "output_throughput" or not self._maximises():
             return None  # the twin predicts output throughput; other objectives are not screened
         flags = self.flags(params)
-        if config_key(flags) in screened(self.finished()):
-            return None  # the sampler proposed it again: it runs
         records = trial_records(self.finished())
+        if config_key(flags) in screened(records):
+            return None  # the sampler proposed it again: it runs
         incumbent = self._incumbent()
         twin = None if incumbent is None else self.twin.screen(params, records, incumbent, self.noise().margin)
         if twin is None or "screened" not in twin:
